@@ -1,0 +1,365 @@
+"""Checkpoints: atomic publish, a cheap catalog, verification, rotation and loading.
+
+A checkpoint is written into ``.tmp-checkpoint-<step>/``; ``manifest.json`` (sizes and
+sha256 of every file) is written last and fsynced, then the folder is renamed to
+``checkpoint-<step>``. A folder without a manifest that verifies is incomplete and is
+never picked for resume. Rotation deletes by renaming to ``.trash-*`` first, so a crash
+mid-delete never leaves a half-deleted checkpoint that looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from .trainer_utils import PREFIX_CHECKPOINT_DIR
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+log = logging.getLogger("workbench")
+
+__all__ = [
+    "CheckpointInfo",
+    "CheckpointStore",
+    "save_checkpoint",
+    "load_training_state",
+    "load_best_model",
+    "save_model_files",
+    "MANIFEST",
+]
+
+MANIFEST = "manifest.json"
+WEIGHTS = "model.safetensors"
+_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class CheckpointInfo:
+    """One catalog row. ``complete`` means a manifest exists; ``verified`` that it was checked."""
+
+    name: str
+    path: str
+    step: int
+    epoch: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    size: int = 0
+    created: float | None = None
+    complete: bool = False
+    verified: bool | None = None
+    best: bool = False
+    problem: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as a JSON-friendly dict."""
+        return asdict(self)
+
+
+class CheckpointStore:
+    """The checkpoints of one output directory."""
+
+    def __init__(self, output_dir: str | os.PathLike) -> None:
+        self.root = Path(output_dir)
+
+    # -- writing -------------------------------------------------------------------------
+
+    def publish(self, step: int, write: Callable[[Path], None]) -> Path:
+        """Have ``write`` fill a temporary folder, seal it with a manifest, rename it in place."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".tmp-{PREFIX_CHECKPOINT_DIR}-{step}"
+        final = self.root / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        write(tmp)
+        files = {}
+        for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            with open(path, "rb+") as f:
+                os.fsync(f.fileno())
+            files[str(path.relative_to(tmp))] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+        manifest = {"format": 1, "step": step, "created": time.time(), "files": files}
+        with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        if final.exists():
+            # Re-saving a step (e.g. save at the end after a save at the same step).
+            self._discard(final)
+        os.replace(tmp, final)
+        _fsync_dir(self.root)
+        return final
+
+    def _discard(self, path: Path) -> None:
+        trash = path.with_name(f".trash-{path.name}-{time.time_ns()}")
+        os.replace(path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def clean_temporaries(self) -> list[str]:
+        """Remove leftovers of interrupted saves and deletes; returns their names."""
+        removed = []
+        if not self.root.is_dir():
+            return removed
+        for path in self.root.iterdir():
+            if path.is_dir() and path.name.startswith((".tmp-", ".trash-")):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path.name)
+        if removed:
+            log.warning("removed leftovers of interrupted saves in %s: %s", self.root, ", ".join(sorted(removed)))
+        return removed
+
+    def rotate(self, limit: int | None, keep: set[str] = frozenset()) -> list[str]:
+        """Delete the oldest complete checkpoints beyond ``limit``, never those named in ``keep``."""
+        if not limit:
+            return []
+        complete = [c for c in self.list() if c.complete]
+        excess = len(complete) - limit
+        deleted = []
+        for info in complete:  # oldest first
+            if excess <= 0:
+                break
+            if info.name in keep or info.path in keep:
+                continue
+            self._discard(Path(info.path))
+            deleted.append(info.name)
+            excess -= 1
+        return deleted
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def list(self) -> list[CheckpointInfo]:
+        """The catalog, oldest first. Cheap: reads small JSON files, hashes nothing."""
+        if not self.root.is_dir():
+            return []
+        rows = []
+        best_path = None
+        for path in self.root.iterdir():
+            match = _NAME.match(path.name)
+            if not match or not path.is_dir():
+                continue
+            info = CheckpointInfo(name=path.name, path=str(path), step=int(match.group(1)))
+            manifest = path / MANIFEST
+            info.complete = manifest.is_file()
+            try:
+                if info.complete:
+                    data = json.loads(manifest.read_text(encoding="utf-8"))
+                    info.created = data.get("created")
+                    info.size = sum(f["size"] for f in data["files"].values())
+                else:
+                    info.size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+                state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+                info.epoch = state.get("epoch")
+                best_path = state.get("best_model_checkpoint") or best_path
+                for entry in state.get("log_history", []):
+                    if entry.get("step") == info.step:
+                        info.metrics.update({k: v for k, v in entry.items()
+                                             if k.startswith("eval_") and isinstance(v, (int, float))})
+            except (OSError, ValueError, KeyError) as exc:
+                info.problem = f"unreadable: {exc}"
+                info.complete = False
+            rows.append(info)
+        rows.sort(key=lambda r: r.step)
+        if best_path:
+            for row in rows:
+                row.best = Path(row.path).name == Path(best_path).name
+        return rows
+
+    def verify(self, path: str | os.PathLike) -> tuple[bool, str | None]:
+        """Check every file against the manifest (sizes and sha256)."""
+        path = Path(path)
+        manifest = path / MANIFEST
+        if not manifest.is_file():
+            return False, "no manifest.json (the save did not finish)"
+        try:
+            files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+        except (ValueError, KeyError) as exc:
+            return False, f"manifest.json is unreadable ({exc})"
+        for rel, meta in files.items():
+            target = path / rel
+            if not target.is_file():
+                return False, f"{rel} is missing"
+            if target.stat().st_size != meta["size"]:
+                return False, f"{rel} has {target.stat().st_size} bytes, the manifest says {meta['size']}"
+            if _sha256(target) != meta["sha256"]:
+                return False, f"{rel} does not match its sha256"
+        return True, None
+
+    def latest_verified(self) -> CheckpointInfo | None:
+        """The newest checkpoint whose manifest verifies; skipped ones are logged by name."""
+        for info in reversed(self.list()):
+            ok, why = self.verify(info.path) if info.complete else (False, info.problem or "incomplete")
+            if ok:
+                info.verified = True
+                return info
+            log.warning("skipping %s: %s", info.name, why)
+        return None
+
+    def resolve_resume(self, resume: str | bool | os.PathLike) -> Path:
+        """The checkpoint folder for ``resume_from_checkpoint`` (True: newest verified)."""
+        if resume is True:
+            info = self.latest_verified()
+            if info is None:
+                raise ValueError(f"No valid checkpoint found in output directory ({self.root})")
+            return Path(info.path)
+        path = Path(resume)
+        if not path.is_dir():
+            raise ValueError(f"resume_from_checkpoint: {path} is not a checkpoint folder")
+        ok, why = self.verify(path)
+        if not ok:
+            raise ValueError(f"resume_from_checkpoint: {path} cannot be used: {why}")
+        return path
+
+
+# -- what goes into a checkpoint ----------------------------------------------------------
+
+
+def save_model_files(model: torch.nn.Module, directory: Path, processing_class: Any = None) -> None:
+    """Weights as safetensors (HF models through save_pretrained), plus the processing class."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if hasattr(model, "save_pretrained") and hasattr(model, "config") and not isinstance(model.config, dict):
+        model.save_pretrained(directory, safe_serialization=True)
+    else:
+        from safetensors.torch import save_model
+
+        save_model(model, str(directory / WEIGHTS))
+    if processing_class is not None and hasattr(processing_class, "save_pretrained"):
+        processing_class.save_pretrained(directory)
+
+
+def _rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"key": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "cpu": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(trainer: "Trainer") -> Path | None:
+    """Write ``checkpoint-<global_step>`` for the trainer's current state, then rotate."""
+    args, state, acc = trainer.args, trainer.state, trainer.accelerator
+    step = state.global_step
+    store = CheckpointStore(args.output_dir)
+    name = f"{PREFIX_CHECKPOINT_DIR}-{step}"
+    if state.best_global_step == step:
+        state.best_model_checkpoint = str(Path(args.output_dir) / name)
+    for cb in trainer.callback_handler.callbacks:
+        if hasattr(cb, "state") and callable(cb.state) and hasattr(type(cb), "from_state"):
+            state.stateful_callbacks[type(cb).__name__] = cb.state()
+
+    def write(tmp: Path) -> None:
+        save_model_files(acc.unwrap_model(trainer.model), tmp, trainer.processing_class)
+        if not args.save_only_model:
+            torch.save(trainer.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(trainer.lr_scheduler.state_dict(), tmp / "scheduler.pt")
+            scaler = getattr(acc, "scaler", None)
+            if scaler is not None:
+                torch.save(scaler.state_dict(), tmp / "scaler.pt")
+            torch.save(_rng_state(), tmp / "rng_state.pth")
+        state.save_to_json(str(tmp / "trainer_state.json"))
+        (tmp / "training_args.json").write_text(args.to_json_string() + "\n", encoding="utf-8")
+
+    path = None
+    if acc.is_main_process:
+        path = store.publish(step, write)
+        keep = {Path(state.best_model_checkpoint).name} if state.best_model_checkpoint else set()
+        store.rotate(args.save_total_limit, keep=keep)
+    acc.wait_for_everyone()
+    return path
+
+
+def _load(path: Path) -> Any:
+    # Only tensors and plain containers: a pickle that would run code is refused.
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
+    weights = checkpoint / WEIGHTS
+    if weights.is_file():
+        from safetensors.torch import load_model
+
+        load_model(model, str(weights), strict=True, device=str(next(model.parameters()).device))
+        return
+    if hasattr(model, "from_pretrained") and (checkpoint / "config.json").is_file():
+        loaded = type(model).from_pretrained(checkpoint)
+        model.load_state_dict(loaded.state_dict())
+        return
+    raise ValueError(f"{checkpoint} has no {WEIGHTS}")
+
+
+def load_training_state(trainer: "Trainer", checkpoint: Path) -> None:
+    """Restore weights, optimizer, schedule, RNG, TrainerState (and callbacks) from ``checkpoint``."""
+    from .callbacks import TrainerState
+
+    acc = trainer.accelerator
+    _load_weights(acc.unwrap_model(trainer.model), checkpoint)
+    if (checkpoint / "optimizer.pt").is_file():
+        trainer.optimizer.load_state_dict(_load(checkpoint / "optimizer.pt"))
+        trainer.lr_scheduler.load_state_dict(_load(checkpoint / "scheduler.pt"))
+        if (checkpoint / "scaler.pt").is_file() and getattr(acc, "scaler", None) is not None:
+            acc.scaler.load_state_dict(_load(checkpoint / "scaler.pt"))
+    loaded = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
+    loaded.is_local_process_zero = trainer.state.is_local_process_zero
+    loaded.is_world_process_zero = trainer.state.is_world_process_zero
+    trainer.state = loaded
+    if trainer.args.restore_callback_states_from_checkpoint:
+        for cb in trainer.callback_handler.callbacks:
+            saved = loaded.stateful_callbacks.get(type(cb).__name__)
+            if saved and hasattr(cb, "state"):
+                for key, value in saved.get("attributes", {}).items():
+                    setattr(cb, key, value)
+    rng = checkpoint / "rng_state.pth"
+    if rng.is_file():
+        _set_rng_state(_load(rng))
+
+
+def load_best_model(trainer: "Trainer") -> None:
+    """Load the weights of ``state.best_model_checkpoint`` into the model (load_best_model_at_end)."""
+    path = Path(trainer.state.best_model_checkpoint)
+    if not path.is_dir():
+        log.warning("best checkpoint %s is gone; keeping the final weights", path)
+        return
+    _load_weights(trainer.accelerator.unwrap_model(trainer.model), path)

@@ -1,0 +1,175 @@
+"""``workbench run | checkpoints | init``.
+
+Exit codes (DESIGN.md): 0 finished; 2 usage or config error (one line on stderr); 1
+training failed (traceback on stderr and in events.jsonl); 130 Ctrl-C; 143 SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
+
+__all__ = ["main"]
+
+
+class UsageError(Exception):
+    """A problem the user can fix by changing the command line or the files."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="workbench", description="See and steer PyTorch training runs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="train from a config file")
+    run.add_argument("config", help="path to a TOML config (see 'workbench init')")
+    run.add_argument("--headless", action="store_true", help="print progress lines instead of the dashboard")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config key, e.g. --set training.learning_rate=1e-4 (repeatable)")
+    run.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
+                     help="resume from CHECKPOINT, or from the newest complete checkpoint in output_dir")
+    run.add_argument("--overwrite", action="store_true",
+                     help="start over in an output_dir that already holds checkpoints (deletes them)")
+
+    ckpt = sub.add_parser("checkpoints", help="list the checkpoints of an output directory")
+    ckpt.add_argument("output_dir")
+    ckpt.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    init = sub.add_parser("init", help="write a commented starter config that runs as is")
+    init.add_argument("path", nargs="?", default="workbench.toml")
+    init.add_argument("--force", action="store_true", help="overwrite an existing file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``workbench`` command; returns the process exit code."""
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    try:
+        if ns.command == "init":
+            return _init(ns)
+        if ns.command == "checkpoints":
+            return _checkpoints(ns)
+        return _run(ns)
+    except UsageError as exc:
+        print(f"workbench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _init(ns: argparse.Namespace) -> int:
+    from .config import starter_config_text
+
+    path = Path(ns.path)
+    if path.exists() and not ns.force:
+        raise UsageError(f"{path} already exists; choose another path or pass --force to replace it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(starter_config_text(), encoding="utf-8")
+    print(f"wrote {path}; run it with: workbench run {path}")
+    return EXIT_OK
+
+
+def _human_size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _checkpoints(ns: argparse.Namespace) -> int:
+    from .checkpoints import CheckpointStore
+
+    root = Path(ns.output_dir)
+    if not root.is_dir():
+        raise UsageError(f"{root} is not a directory; pass a run's output_dir")
+    rows = CheckpointStore(root).list()
+    if ns.json:
+        print(json.dumps([r.to_dict() for r in rows], indent=2))
+        return EXIT_OK
+    if not rows:
+        print(f"no checkpoints in {root}")
+        return EXIT_OK
+    header = f"{'name':<20} {'step':>7} {'epoch':>6} {'size':>9} {'created':<19} {'state':<10} metrics"
+    print(header)
+    for r in rows:
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created)) if r.created else "-"
+        state = "complete" if r.complete else "incomplete"
+        metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items()) if not k.endswith(("_runtime", "_second")))
+        epoch = f"{r.epoch:.2f}" if r.epoch is not None else "-"
+        marker = " *best" if r.best else ""
+        print(f"{r.name:<20} {r.step:>7} {epoch:>6} {_human_size(r.size):>9} {created:<19} {state:<10} {metrics}{marker}")
+    return EXIT_OK
+
+
+def _prepare_output_dir(output_dir: Path, resume: object, overwrite: bool) -> object:
+    """Refuse to clobber saved work; returns what to pass as resume_from_checkpoint."""
+    from .checkpoints import CheckpointStore
+
+    store = CheckpointStore(output_dir)
+    complete = [c for c in store.list() if c.complete]
+    if resume is True:
+        if store.latest_verified() is None:
+            print(f"workbench: no complete checkpoint in {output_dir}; starting fresh", file=sys.stderr)
+            return None
+        return True
+    if resume is not None:
+        return str(resume)
+    if complete and not overwrite:
+        raise UsageError(
+            f"{output_dir} already holds checkpoints ({', '.join(c.name for c in complete[-3:])}); "
+            "use --resume to continue or --overwrite to start over"
+        )
+    if complete and overwrite:
+        for info in store.list():
+            shutil.rmtree(info.path, ignore_errors=True)
+        (output_dir / "events.jsonl").unlink(missing_ok=True)
+    return None
+
+
+def _run(ns: argparse.Namespace) -> int:
+    from .config import ConfigError, load_config, write_resolved_config
+
+    config_path = Path(ns.config)
+    if not config_path.is_file():
+        raise UsageError(f"{config_path}: no such config file; create one with 'workbench init {config_path}'")
+    try:
+        run = load_config(config_path, ns.overrides)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    output_dir = Path(run.training.output_dir)
+    resume = _prepare_output_dir(output_dir, ns.resume, ns.overwrite)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        probe = output_dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"training.output_dir: cannot write to {output_dir} ({exc.strerror}); choose a writable folder")
+    from .build import build_trainer
+
+    try:
+        trainer = build_trainer(run)
+    except (ValueError, RuntimeError, FileNotFoundError) as exc:
+        raise UsageError(f"{config_path}: {exc}") from None
+    write_resolved_config(run, output_dir)
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except KeyboardInterrupt:
+        print("\nworkbench: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception:
+        traceback.print_exc()
+        print(f"workbench: training failed; details in {output_dir / 'events.jsonl'}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"workbench: finished; files in {output_dir}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,629 @@
+"""TOML config files -> :class:`RunConfig`, validated before any work starts.
+
+A run is described by one TOML file (``run_name``, ``[model]``, ``[data]``, ``[training]``,
+``[hooks]``; see DESIGN.md section 3). Everything a user can get wrong in it -- unknown keys,
+wrong types, impossible argument combinations, references that do not import -- is found
+here, before a model is built or a file is read, and reported as one :class:`ConfigError`
+line that names the file, the line and the key: ``x.toml:7: training.learnig_rate: unknown
+key (did you mean learning_rate?)``. References and relative paths resolve against the
+config file's folder first (DESIGN.md section 6), and :func:`dump_config` records the
+resolved, absolute form so ``output_dir/config.toml`` reproduces the run from anywhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import enum
+import functools
+import glob
+import importlib
+import importlib.resources
+import inspect
+import os
+import re
+import sys
+import tomllib
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from workbench._toml_lines import decode_error, find_lines, kind_of, line_of, toml_repr, tomlable
+from workbench.args import ArgumentError, TrainingArguments
+
+__all__ = [
+    "ConfigError", "DataSpec", "ModelSpec", "RunConfig", "config_from_dict", "dump_config",
+    "load_config", "parse_override", "starter_config_text", "write_resolved_config",
+]
+
+TOP_KEYS = ("run_name", "model", "data", "training", "hooks")
+MODEL_KEYS = ("builtin", "factory", "pretrained", "options")
+DATA_KEYS = ("builtin", "options", "train", "eval")
+HOOK_KEYS = ("compute_loss_func", "compute_metrics", "preprocess_logits_for_metrics",
+             "model_init", "data_collator", "callbacks")
+_MODEL_KINDS = ("builtin", "factory", "pretrained")
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+Key = tuple[str, ...]
+
+
+class ConfigError(ValueError):
+    """A problem in a config file or an override, located as precisely as possible.
+
+    ``str(err)`` is the single line a user sees (no traceback): ``CONFIG:LINE: key: message``,
+    with LINE left out when unknown and ``--set KEY=VALUE`` as the location of override errors.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None,
+                 key: str | None = None) -> None:
+        self.path, self.line, self.key, self.message = path, line, key, message
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = self.path or ""
+        if where and self.line is not None:
+            where += f":{self.line}"
+        return ": ".join(part for part in (where, self.key, self.message) if part)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which model to build: exactly one of ``builtin`` / ``factory`` / ``pretrained``.
+
+    ``factory`` keeps the reference as written; ``factory_fn`` is the callable it resolved
+    to. ``pretrained`` is an absolute local folder. ``options`` are keyword arguments for
+    the builtin model or the factory.
+    """
+
+    builtin: str | None = None
+    factory: str | None = None
+    pretrained: str | None = None
+    options: dict = field(default_factory=dict)
+    factory_fn: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Which data to train on: a builtin data set, or ``datasets.load_dataset`` arguments.
+
+    ``train``/``eval`` are keyword-argument tables for ``datasets.load_dataset``, with local
+    paths made absolute; ``eval`` is one table or ``{name: table}`` for several eval sets.
+    """
+
+    builtin: str | None = None
+    options: dict = field(default_factory=dict)
+    train: dict | None = None
+    eval: dict | None = None
+
+
+@dataclass
+class RunConfig:
+    """A validated run description: what to build, how to train it, and what to record.
+
+    ``hooks`` holds the resolved objects (callables; ``callbacks`` a list of classes or
+    instances), ``hook_refs`` the ``"module:attribute"`` strings as written, and ``raw`` the
+    config data with overrides applied and paths made absolute -- what :func:`dump_config`
+    writes so a run can be repeated exactly.
+    """
+
+    path: Path | None
+    run_name: str | None
+    model: ModelSpec
+    data: DataSpec
+    training: TrainingArguments
+    hooks: dict[str, Any] = field(default_factory=dict)
+    hook_refs: dict[str, Any] = field(default_factory=dict)
+    raw: dict = field(default_factory=dict)
+
+
+# -- public entry points ---------------------------------------------------------------
+
+
+def load_config(path: str | Path, overrides: Sequence[str] | Mapping[str, Any] | None = None,
+                *, args_cls: type[TrainingArguments] = TrainingArguments) -> RunConfig:
+    """Read, override and validate the config file at ``path``; raise ConfigError on any problem.
+
+    ``overrides`` are ``"section.key=value"`` strings (as from ``--set``) or a mapping of
+    dotted keys to values; a value of None in a mapping removes the key (back to the default).
+    ``args_cls`` lets a TrainingArguments subclass accept its extra fields.
+    """
+    source, file = str(path), Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("config file not found", path=source) from None
+    except UnicodeDecodeError:
+        raise ConfigError("config file is not UTF-8 text", path=source) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file ({exc.strerror or exc})", path=source) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message, line = decode_error(exc)
+        raise ConfigError(f"invalid TOML: {message}", path=source, line=line) from None
+    data, origins = _apply_overrides(data, overrides)
+    config = _Loader(source, file.absolute().parent, find_lines(text), origins, args_cls).build(data)
+    config.path = file.absolute()
+    return config
+
+
+def config_from_dict(data: Mapping[str, Any], *, base_dir: str | Path, source: str = "<dict>",
+                     args_cls: type[TrainingArguments] = TrainingArguments) -> RunConfig:
+    """Validate already-parsed config ``data``; relative paths and refs resolve against ``base_dir``.
+
+    Errors carry ``source`` as their location (no line numbers: there is no text).
+    """
+    return _Loader(source, Path(base_dir).absolute(), {}, {}, args_cls).build(copy.deepcopy(dict(data)))
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``"training.learning_rate=1e-4"`` into the dotted key and its value.
+
+    The value is read as a TOML value (numbers, booleans, arrays, quoted strings); text that
+    is not valid TOML is taken as a plain string, so ``run_name=my-run`` needs no quotes.
+    """
+    key, sep, value_text = text.partition("=")
+    key, value_text = key.strip(), value_text.strip()
+    if not sep or not key:
+        raise ConfigError("expected KEY=VALUE (e.g. training.learning_rate=1e-4)", path=f"--set {text}")
+    try:
+        parsed = tomllib.loads(f"v = {value_text}")
+        value = parsed["v"] if len(parsed) == 1 else value_text
+    except tomllib.TOMLDecodeError:
+        value = value_text
+    return key, value
+
+
+def dump_config(run_config: RunConfig) -> str:
+    """TOML text of the resolved config (absolute paths, overrides applied) that repeats the run."""
+    import tomli_w
+
+    header = "# Resolved workbench config of this run (absolute paths, overrides applied).\n"
+    return header + tomli_w.dumps(tomlable(run_config.raw))
+
+
+def write_resolved_config(run_config: RunConfig, output_dir: str | Path) -> Path:
+    """Write :func:`dump_config` to ``output_dir/config.toml`` (atomically) and return its path."""
+    target = Path(output_dir) / "config.toml"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(".config.toml.tmp")
+    tmp.write_text(dump_config(run_config), encoding="utf-8")
+    os.replace(tmp, target)
+    return target
+
+
+def starter_config_text() -> str:
+    """The commented starter config that ``workbench init`` writes; it runs as is."""
+    return importlib.resources.files("workbench").joinpath("templates/starter.toml").read_text("utf-8")
+
+
+# -- overrides and small helpers -------------------------------------------------------
+
+
+def _apply_overrides(data: dict, overrides: Sequence[str] | Mapping[str, Any] | None) -> tuple[dict, dict[Key, str]]:
+    """Apply overrides to a copy of ``data``; also return which key each override set."""
+    data, origins = copy.deepcopy(data), {}
+    if isinstance(overrides, Mapping):
+        items = [(str(k), v, f"{k}={toml_repr(v)}") for k, v in overrides.items()]
+    else:
+        texts = [overrides] if isinstance(overrides, str) else list(overrides or ())
+        items = [(*parse_override(t), t) for t in texts]
+    for key, value, text in items:
+        parts = tuple(p.strip() for p in key.split("."))
+        if not all(parts):
+            raise ConfigError("expected a dotted key such as training.learning_rate", path=f"--set {text}")
+        node = data
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"is not a table, so it has no key {parts[i + 1]!r}",
+                                  path=f"--set {text}", key=".".join(parts[:i + 1]))
+            node = child
+        if value is None:
+            node.pop(parts[-1], None)
+        else:
+            node[parts[-1]] = value
+        origins[parts] = text
+    return data, origins
+
+
+def _describe(tp: Any) -> str:
+    """Say what a type hint accepts, in TOML words: ``int | None`` -> "an integer"."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return "any value"
+    if origin in (typing.Union, types.UnionType):
+        if Any in args:
+            return "any value"
+        return " or ".join(dict.fromkeys(_describe(a) for a in args if a is not type(None)))
+    if origin in (list, tuple, set, frozenset, Sequence):
+        plural = {str: "strings", int: "integers", float: "numbers", bool: "booleans"}
+        return f"a list of {plural.get(args[0], _describe(args[0]))}" if args else "a list"
+    if origin is typing.Literal:
+        return "one of: " + ", ".join(toml_repr(a) for a in args)
+    if tp is dict or origin in (dict, Mapping):
+        return "a table"
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return "one of: " + ", ".join(toml_repr(e.value) for e in tp)
+    simple = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return simple.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+@functools.lru_cache(maxsize=256)
+def _adapter(tp: Any) -> TypeAdapter:
+    return TypeAdapter(tp)
+
+
+def _coerced(given: Any, result: Any) -> bool:
+    """Whether lax validation turned a string or bool into a number/bool (which we refuse)."""
+    if isinstance(given, str):
+        return isinstance(result, (bool, int, float))
+    if isinstance(given, bool):
+        return not isinstance(result, bool)
+    if isinstance(given, (int, float)):
+        return isinstance(result, bool)
+    if isinstance(given, (list, tuple)) and isinstance(result, (list, tuple)):
+        return any(_coerced(a, b) for a, b in zip(given, result))
+    if isinstance(given, dict) and isinstance(result, dict):
+        return any(_coerced(v, result.get(k)) for k, v in given.items())
+    return False
+
+
+def _type_hints(obj: Any) -> dict[str, Any]:
+    """Parameter hints of a function or a class's __init__; {} when they cannot be resolved."""
+    try:
+        return typing.get_type_hints(obj.__init__ if isinstance(obj, type) else obj)
+    except Exception:  # unresolvable forward references: skip type checks, never crash
+        return {}
+
+
+def _field_hints(cls: type) -> dict[str, Any]:
+    """Field hints of a dataclass, each class's names resolved in its own module."""
+    hints: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):  # a subclass with a bad annotation keeps its bases' hints
+        try:
+            hints.update(typing.get_type_hints(klass))
+        except Exception:
+            pass
+    return hints
+
+
+def _optional_registry(module: str, name: str) -> dict | None:
+    """``module.name`` (a registry of builtins), or None while that module does not exist."""
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:
+            return None
+        raise
+
+
+# -- the validator ---------------------------------------------------------------------
+
+
+class _Loader:
+    """Validates one config's data; knows where each key was written (file line or --set)."""
+
+    def __init__(self, source: str, base_dir: Path, lines: dict[Key, int], origins: dict[Key, str],
+                 args_cls: type[TrainingArguments]) -> None:
+        self.source, self.base_dir, self.lines, self.origins = source, base_dir, lines, origins
+        self.args_cls = args_cls
+
+    def error(self, key: Key, message: str) -> ConfigError:
+        name = ".".join(key) or None
+        for set_key, text in self.origins.items():  # the key lies inside an overridden value
+            if key[:len(set_key)] == set_key:
+                return ConfigError(message, path=f"--set {text}", key=name)
+        if key and key not in self.lines:  # not in the file, but an override created below it
+            for set_key, text in self.origins.items():
+                if set_key[:len(key)] == key:
+                    return ConfigError(message, path=f"--set {text}", key=name)
+        return ConfigError(message, path=self.source, line=line_of(self.lines, key), key=name)
+
+    def unknown(self, key: Key, allowed: Sequence[str], what: str | None = None) -> ConfigError:
+        close = difflib.get_close_matches(key[-1], list(allowed), n=1, cutoff=0.6)
+        if close:
+            return self.error(key, f"unknown key (did you mean {close[0]}?)")
+        return self.error(key, f"unknown key ({what or 'expected one of: ' + ', '.join(allowed)})")
+
+    def table(self, key: Key, value: Any, allowed: Sequence[str] | None = None) -> dict:
+        if not isinstance(value, dict):
+            raise self.error(key, f"expected a table, got {toml_repr(value)} ({kind_of(value)})")
+        for name in value if allowed is not None else ():
+            if name not in allowed:
+                raise self.unknown(key + (name,), allowed)
+        return value
+
+    def check_type(self, key: Key, value: Any, hint: Any) -> Any:
+        """Validate ``value`` against ``hint`` (pydantic, lax, but no str/bool -> number)."""
+        try:
+            result = _adapter(hint).validate_python(value)
+        except (ValidationError, TypeError):
+            result = ok = False
+        else:
+            ok = not _coerced(value, result)
+        if ok:
+            return result
+        message = f"expected {_describe(hint)}, got {toml_repr(value)} ({kind_of(value)})"
+        if isinstance(value, str):
+            try:
+                literal = tomllib.loads(f"v = {value}")["v"]
+                self.check_type(key, literal, hint)
+                if not isinstance(literal, str):
+                    message += f"; write {key[-1]} = {value.strip()}"
+            except (tomllib.TOMLDecodeError, ConfigError):
+                pass
+        raise self.error(key, message)
+
+    def path(self, value: str) -> str:
+        """``value`` as an absolute path, relative ones taken from the config's folder."""
+        return os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(value)))
+
+    def string(self, key: Key, value: Any) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.error(key, f"expected a non-empty string, got {toml_repr(value)} ({kind_of(value)})")
+        return value
+
+    # -- sections ------------------------------------------------------------------------
+
+    def build(self, data: dict) -> RunConfig:
+        self.table((), data, TOP_KEYS)
+        missing = [name for name in ("model", "data") if name not in data]
+        if missing:
+            tables = ", ".join(f"[{name}]" for name in missing)
+            raise self.error((), f"missing required table{'s' if len(missing) > 1 else ''} {tables}; "
+                                 "run 'workbench init' for a starter config")
+        run_name = data.get("run_name")
+        if run_name is not None:
+            self.string(("run_name",), run_name)
+        model, raw_model = self.model(self.table(("model",), data["model"], MODEL_KEYS))
+        data_spec, raw_data = self.data(self.table(("data",), data["data"], DATA_KEYS))
+        training, raw_training = self.training(self.table(("training",), data.get("training", {})), run_name)
+        hooks, refs, raw_hooks = self.hooks(self.table(("hooks",), data.get("hooks", {}), HOOK_KEYS))
+        raw = {"run_name": run_name, "model": raw_model, "data": raw_data, "training": raw_training}
+        raw = {k: v for k, v in raw.items() if v is not None}
+        if raw_hooks:
+            raw["hooks"] = raw_hooks
+        return RunConfig(path=None, run_name=run_name, model=model, data=data_spec, training=training,
+                         hooks=hooks, hook_refs=refs, raw=raw)
+
+    def model(self, table: dict) -> tuple[ModelSpec, dict]:
+        kinds = [name for name in _MODEL_KINDS if name in table]
+        if len(kinds) != 1:
+            found = f" ({' and '.join(kinds)} are both set)" if kinds else ""
+            raise self.error(("model",) + tuple(kinds[1:2]),
+                             f"set exactly one of builtin, factory, pretrained{found}")
+        kind = kinds[0]
+        value = self.string(("model", kind), table[kind])
+        options = self.table(("model", "options"), table.get("options", {}))
+        raw, factory_fn = copy.deepcopy(table), None
+        if kind == "builtin":
+            registry = _optional_registry("workbench.models", "BUILTIN_MODELS")
+            if registry is not None:
+                self.builtin_name(("model", "builtin"), value, registry, "model")
+                self.options(("model", "options"), options, registry[value])
+        elif kind == "factory":
+            factory_fn, raw["factory"] = self.resolve(("model", "factory"), value, need_callable=True)
+            self.options(("model", "options"), options, factory_fn)
+        else:
+            folder = self.path(value)
+            if not os.path.isdir(folder):
+                raise self.error(("model", "pretrained"), f"folder {value!r} does not exist; downloading "
+                                 "from the Hub is not supported, point to a local folder")
+            raw["pretrained"] = value = folder
+        spec = ModelSpec(**{kind: value}, options=dict(options), factory_fn=factory_fn)
+        return spec, raw
+
+    def builtin_name(self, key: Key, name: str, registry: Mapping[str, Any], what: str) -> None:
+        if name not in registry:
+            close = difflib.get_close_matches(name, list(registry), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise self.error(key, f"unknown builtin {what} {name!r}{hint}; available: {', '.join(sorted(registry))}")
+
+    def options(self, key: Key, options: dict, fn: Callable, common: Callable | None = None) -> None:
+        """Check option names (and annotated types) against ``fn``'s signature.
+
+        ``common`` adds the keyword-only options a shared loader offers every builtin.
+        """
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+            params += [p for p in inspect.signature(common).parameters.values()
+                       if p.kind is p.KEYWORD_ONLY] if common else []
+        except (TypeError, ValueError):
+            return
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return  # takes anything: nothing to check
+        accepted = list(dict.fromkeys(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)))
+        hints = {**(_type_hints(common) if common else {}), **_type_hints(fn)}
+        for name, value in options.items():
+            if name not in accepted:
+                raise self.unknown(key + (name,), accepted, "accepted options: " + ", ".join(accepted))
+            if name in hints:
+                self.check_type(key + (name,), value, hints[name])
+
+    def data(self, table: dict) -> tuple[DataSpec, dict]:
+        builtin, train, evals = table.get("builtin"), table.get("train"), table.get("eval")
+        options = self.table(("data", "options"), table.get("options", {}))
+        if builtin is None and train is None:
+            raise self.error(("data",), 'set builtin (e.g. builtin = "python-source") or train '
+                             '(datasets.load_dataset arguments, e.g. train = { path = "json", '
+                             'data_files = "train.jsonl" })')
+        if builtin is not None:
+            self.string(("data", "builtin"), builtin)
+            for other in ("train", "eval"):
+                if other in table:
+                    raise self.error(("data", other), "cannot be combined with builtin (builtin data "
+                                     "sets bring their own train and eval splits)")
+            registry = _optional_registry("workbench.data", "BUILTIN_DATA")
+            if registry is not None:
+                self.builtin_name(("data", "builtin"), builtin, registry, "data set")
+                common = _optional_registry("workbench.data", "load_builtin_data")
+                self.options(("data", "options"), options, registry[builtin], common)
+        raw = copy.deepcopy(table)
+        if train is not None:
+            raw["train"] = train = self.dataset(("data", "train"), train)
+        if evals is not None:
+            self.table(("data", "eval"), evals)
+            if evals and all(isinstance(v, dict) for v in evals.values()):
+                evals = {name: self.dataset(("data", "eval", name), v) for name, v in evals.items()}
+            else:
+                evals = self.dataset(("data", "eval"), evals)
+            raw["eval"] = evals
+        return DataSpec(builtin=builtin, options=dict(options), train=train, eval=evals), raw
+
+    def dataset(self, key: Key, table: Any) -> dict:
+        """Check ``datasets.load_dataset`` arguments and make local paths absolute."""
+        out = dict(self.table(key, table))
+        if "path" not in out:
+            raise self.error(key, 'missing path (the datasets.load_dataset builder or a local folder, '
+                             'e.g. path = "json")')
+        local = self.path(self.string(key + ("path",), out["path"]))
+        if os.path.exists(local):
+            out["path"] = local
+        if "data_files" in out:
+            out["data_files"] = self.data_files(key + ("data_files",), out["data_files"])
+        return out
+
+    def data_files(self, key: Key, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {split: self.data_files(key + (str(split),), v) for split, v in value.items()}
+        if isinstance(value, list):
+            return [self.data_file(key, v) for v in value]
+        return self.data_file(key, value)
+
+    def data_file(self, key: Key, value: Any) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.error(key, "expected a file name, a list of them, or a table of split = file(s); "
+                             f"got {toml_repr(value)} ({kind_of(value)})")
+        if "://" in value:
+            return value
+        full = self.path(value)
+        if any(ch in value for ch in "*?[") and not glob.glob(full):
+            raise self.error(key, f"no file matches {value!r} (looked in {os.path.dirname(full)})")
+        if not any(ch in value for ch in "*?[") and not os.path.exists(full):
+            raise self.error(key, f"file {value!r} does not exist (looked for {full})")
+        return full
+
+    def training(self, table: dict, run_name: str | None) -> tuple[TrainingArguments, dict]:
+        fields = [f.name for f in dataclasses.fields(self.args_cls) if f.init]
+        hints = _field_hints(self.args_cls)
+        kwargs = {}
+        for name, value in table.items():
+            if name not in fields:
+                raise self.unknown(("training", name), fields, f"not a field of {self.args_cls.__name__}")
+            kwargs[name] = self.check_type(("training", name), value, hints.get(name, Any))
+        raw = copy.deepcopy(table)
+        raw["output_dir"] = kwargs["output_dir"] = self.path(kwargs.get("output_dir") or "trainer_output")
+        if isinstance(kwargs.get("resume_from_checkpoint"), str):
+            raw["resume_from_checkpoint"] = kwargs["resume_from_checkpoint"] = self.path(kwargs["resume_from_checkpoint"])
+        if run_name is not None and kwargs.get("run_name") is None:
+            kwargs["run_name"] = run_name
+        try:
+            return self.args_cls(**kwargs), raw
+        except ArgumentError as exc:
+            raise self.error(("training", exc.key) if exc.key else ("training",), exc.reason) from None
+        except (TypeError, ValueError) as exc:
+            raise self.error(("training",), str(exc)) from None
+
+    def hooks(self, table: dict) -> tuple[dict, dict, dict]:
+        resolved, refs, raw = {}, {}, {}
+        for name, value in table.items():
+            key = ("hooks", name)
+            if name == "callbacks":
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise self.error(key, f'expected a list of "module:attribute" strings, got '
+                                     f"{toml_repr(value)} ({kind_of(value)})")
+                pairs = [self.resolve(key, ref, need_callable=False) for ref in value]
+                for (obj, _), ref in zip(pairs, value):
+                    if inspect.isroutine(obj) or inspect.ismodule(obj) or not any(a.startswith("on_") for a in dir(obj)):
+                        raise self.error(key, f"{ref!r} is not a callback (a TrainerCallback class or instance)")
+                resolved[name], raw[name] = [p[0] for p in pairs], [p[1] for p in pairs]
+            else:
+                if not isinstance(value, str):
+                    raise self.error(key, f'expected a "module:attribute" string, got {toml_repr(value)} ({kind_of(value)})')
+                resolved[name], raw[name] = self.resolve(key, value, need_callable=True)
+            refs[name] = copy.copy(value)
+        return resolved, refs, raw
+
+    # -- references ----------------------------------------------------------------------
+
+    def resolve(self, key: Key, ref: str, *, need_callable: bool) -> tuple[Any, str]:
+        """Import ``"module:attr.sub"`` (or ``"path/to/file.py:attr"``); return it and its recorded form.
+
+        A module found in the config's folder is recorded by its absolute file path, so the
+        resolved config in ``output_dir`` imports the same code from anywhere.
+        """
+        module_name, _, attr = ref.rpartition(":")
+        is_file = module_name.endswith(".py")
+        if not (is_file or _DOTTED.fullmatch(module_name)) or not _DOTTED.fullmatch(attr):
+            raise self.error(key, f'{ref!r} must look like "module:attribute" (e.g. "hooks:compute_metrics")')
+        module = self.import_file(key, module_name) if is_file else \
+            self.import_module(key, module_name, module_name, [str(self.base_dir), os.getcwd()])
+        obj = module
+        parts = attr.split(".")
+        for i, part in enumerate(parts):
+            try:
+                obj = getattr(obj, part)
+            except AttributeError:
+                owner = f"module {module_name!r}" if i == 0 else f"{module_name}:{'.'.join(parts[:i])}"
+                raise self.error(key, f"{owner} has no attribute {part!r}") from None
+        if need_callable and not callable(obj):
+            raise self.error(key, f"{ref!r} is not callable (it is {kind_of(obj)})")
+        file = getattr(module, "__file__", None)
+        recorded = ref
+        if file and os.path.abspath(file).startswith(str(self.base_dir) + os.sep):
+            recorded = f"{os.path.abspath(file)}:{attr}"
+        return obj, recorded
+
+    def import_file(self, key: Key, spec: str) -> types.ModuleType:
+        """Import a module given by file path; its package (folders with __init__.py) is kept."""
+        file = Path(self.path(spec))
+        if not file.is_file() and Path(spec).absolute().is_file():
+            file = Path(spec).absolute()
+        if not file.is_file():
+            raise self.error(key, f"cannot import module {spec!r} (file {str(file)!r} does not exist)")
+        parts = [] if file.name == "__init__.py" else [file.stem]
+        folder = file.parent
+        while (folder / "__init__.py").is_file() and folder.parent != folder:
+            parts.insert(0, folder.name)
+            folder = folder.parent
+        return self.import_module(key, spec, ".".join(parts), [str(folder)])
+
+    def import_module(self, key: Key, shown: str, name: str, folders: list[str]) -> types.ModuleType:
+        """Import ``name`` with ``folders`` first on sys.path (restored afterwards)."""
+        _forget_shadowed(name.split(".")[0], folders)
+        importlib.invalidate_caches()
+        sys.path[:0] = folders
+        try:
+            return importlib.import_module(name)
+        except Exception as exc:  # a broken hook module is a config problem, not a crash
+            reason = str(exc) if isinstance(exc, ImportError) else f"{type(exc).__name__}: {exc}"
+            raise self.error(key, f"cannot import module {shown!r} ({reason})") from None
+        finally:
+            for folder in folders:
+                if folder in sys.path:
+                    sys.path.remove(folder)
+
+
+def _forget_shadowed(top: str, folders: list[str]) -> None:
+    """Drop a cached module ``top`` when the config's folder holds a different module of that name.
+
+    Without this, a second config whose ``hooks.py`` differs from the first one's (same
+    process: tests, notebooks) would silently get the first one's functions.
+    """
+    cached = sys.modules.get(top)
+    if cached is None or top in sys.stdlib_module_names or top == "workbench":
+        return
+    for folder in folders:
+        for candidate in (Path(folder, f"{top}.py"), Path(folder, top, "__init__.py")):
+            if candidate.is_file():
+                cached_file = getattr(cached, "__file__", None)
+                if cached_file is None or os.path.realpath(cached_file) != os.path.realpath(candidate):
+                    for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
+                        del sys.modules[name]
+                return

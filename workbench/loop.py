@@ -1,0 +1,284 @@
+"""The training loop: epochs, accumulated updates, and the log/evaluate/save points.
+
+Everything a step does lives on the device: the running loss and gradient norm are
+tensors read back only at logging points (``.item()`` is a host sync; one per log, none
+per step). Callbacks steer the loop only through ``TrainerControl`` flags.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from . import losses
+from .trainer_utils import TrainOutput, has_length, speed_metrics
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+__all__ = ["TrainingLoop"]
+
+
+class TrainingLoop:
+    """One call of ``Trainer.train``: set up, run the epochs, finish."""
+
+    def __init__(self, trainer: "Trainer") -> None:
+        self.trainer = trainer
+        self.args = trainer.args
+        self.accelerator = trainer.accelerator
+
+    # -- set-up ------------------------------------------------------------------------
+
+    def _plan(self, loader) -> tuple[int, int, int | None]:
+        """(max_steps, num_epochs, updates_per_epoch) from the arguments and the data."""
+        args = self.args
+        ga = args.gradient_accumulation_steps
+        if has_length(loader):
+            updates_per_epoch = max(math.ceil(len(loader) / ga), 1)
+            if args.max_steps > 0:
+                return args.max_steps, math.ceil(args.max_steps / updates_per_epoch), updates_per_epoch
+            max_steps = math.ceil(args.num_train_epochs * updates_per_epoch)
+            return max_steps, math.ceil(args.num_train_epochs), updates_per_epoch
+        if args.max_steps <= 0:
+            raise ValueError("max_steps: the train dataset has no length (an IterableDataset), so set max_steps")
+        return args.max_steps, sys.maxsize, None
+
+    def _wrap_model(self) -> torch.nn.Module:
+        trainer, args = self.trainer, self.args
+        model = trainer.model
+        if args.activation_checkpointing:
+            enable = getattr(model, "gradient_checkpointing_enable", None)
+            if enable is None:
+                raise ValueError(
+                    f"activation_checkpointing: {type(model).__name__} has no gradient_checkpointing_enable(); "
+                    "use a model that supports it or unset activation_checkpointing"
+                )
+            enable(gradient_checkpointing_kwargs=args.activation_checkpointing_kwargs)
+        trainer.model_wrapped, trainer.optimizer = self.accelerator.prepare(model, trainer.optimizer)
+        wrapped = trainer.model_wrapped
+        if args.torch_compile:
+            kwargs = {k: v for k, v in (("backend", args.torch_compile_backend), ("mode", args.torch_compile_mode)) if v}
+            wrapped = torch.compile(wrapped, **kwargs)
+            trainer.model_wrapped = wrapped
+        return wrapped
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def run(self, resume_from_checkpoint: str | bool | None, ignore_keys_for_eval: list[str] | None) -> TrainOutput:
+        trainer, args, acc = self.trainer, self.args, self.accelerator
+        from .checkpoints import CheckpointStore, load_training_state
+
+        store = CheckpointStore(args.output_dir)
+        checkpoint = store.resolve_resume(resume_from_checkpoint) if resume_from_checkpoint else None
+        loader = trainer.get_train_dataloader()
+        max_steps, num_epochs, updates_per_epoch = self._plan(loader)
+        trainer.create_optimizer_and_scheduler(max_steps)
+        model = self._wrap_model()
+        trainer.callback_handler.optimizer = trainer.optimizer
+        trainer.callback_handler.lr_scheduler = trainer.lr_scheduler
+        trainer.callback_handler.train_dataloader = loader
+        trainer.callback_handler.model = trainer.model
+
+        state = trainer.state.__class__(
+            is_local_process_zero=trainer.is_local_process_zero(),
+            is_world_process_zero=trainer.is_world_process_zero(),
+        )
+        state.train_batch_size = trainer._train_batch_size
+        state.compute_steps(args, max_steps)
+        state.max_steps = max_steps
+        state.num_train_epochs = num_epochs if num_epochs != sys.maxsize else 0
+        trainer.state = state
+        trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
+        if checkpoint is not None:
+            load_training_state(trainer, checkpoint)
+            state = trainer.state
+            state.max_steps = max_steps
+        if acc.is_main_process:
+            store.clean_temporaries()
+
+        self.tr_loss = torch.zeros((), device=acc.device)
+        self.total_loss = 0.0
+        self.last_logged = state.global_step
+        self.grad_norm: torch.Tensor | None = None
+        self._tokens = torch.zeros((), dtype=torch.long, device=acc.device)
+        start_time = time.perf_counter()
+        start_step = state.global_step
+        control = trainer.callback_handler.on_train_begin(args, state, trainer.control)
+        trainer.control = control
+        if args.eval_on_start and state.global_step == 0:
+            trainer._evaluate_during_training(ignore_keys_for_eval)
+
+        epochs_done, skip_batches = 0, 0
+        if updates_per_epoch:
+            epochs_done = state.global_step // updates_per_epoch
+            if not args.ignore_data_skip:
+                skip_batches = (state.global_step % updates_per_epoch) * args.gradient_accumulation_steps
+            else:
+                epochs_done = 0
+        for epoch in range(epochs_done, num_epochs):
+            self._run_epoch(model, loader, epoch, skip_batches if epoch == epochs_done else 0,
+                            updates_per_epoch, ignore_keys_for_eval, start_time)
+            if trainer.control.should_training_stop:
+                break
+        return self._finish(start_time, start_step)
+
+    def _run_epoch(self, model, loader, epoch: int, skip: int, updates_per_epoch: int | None,
+                   ignore_keys: list[str] | None, start_time: float) -> None:
+        trainer, args, acc = self.trainer, self.args, self.accelerator
+        state = trainer.state
+        handler = trainer.callback_handler
+        sampler = getattr(trainer, "_train_sampler", None)
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        iterator_source = loader
+        if skip:
+            from accelerate import skip_first_batches
+
+            iterator_source = skip_first_batches(loader, skip)
+        trainer.control = handler.on_epoch_begin(args, state, trainer.control)
+        ga = args.gradient_accumulation_steps
+        batches_in_epoch = len(loader) if has_length(loader) else None
+        iterator = iter(iterator_source)
+        step_in_epoch = skip  # micro-batches consumed in this epoch
+        distributed = acc.num_processes > 1
+        count_tokens = args.include_num_input_tokens_seen
+        while True:
+            micro = []
+            for _ in range(ga):
+                try:
+                    micro.append(next(iterator))
+                except StopIteration:
+                    break
+            if not micro:
+                break
+            num_items = self._count_items(micro)
+            trainer.control = handler.on_step_begin(args, state, trainer.control)
+            last = len(micro) - 1
+            for i, inputs in enumerate(micro):
+                if count_tokens != "no":
+                    self._count_tokens(inputs, count_tokens)
+                sync = contextlib.nullcontext() if (i == last or not distributed) else acc.no_sync(model)
+                with sync:
+                    loss = trainer.training_step(model, inputs, num_items)
+                if args.logging_nan_inf_filter:
+                    # Replace a non-finite loss by the running mean, on the device (no sync).
+                    steps = 1 + state.global_step - self.last_logged
+                    loss = torch.where(torch.isfinite(loss), loss, self.tr_loss / steps)
+                self.tr_loss += loss
+                step_in_epoch += 1
+                if i != last:
+                    trainer.control = handler.on_substep_end(args, state, trainer.control)
+            self._optimizer_step(model)
+            state.global_step += 1
+            if batches_in_epoch:
+                state.epoch = epoch + step_in_epoch / batches_in_epoch
+            else:
+                state.epoch = epoch + state.global_step / state.max_steps
+            trainer.control = handler.on_step_end(args, state, trainer.control)
+            self._log_save_evaluate(model, ignore_keys, start_time)
+            if trainer.control.should_epoch_stop or trainer.control.should_training_stop:
+                break
+        trainer.control = handler.on_epoch_end(args, state, trainer.control)
+        self._log_save_evaluate(model, ignore_keys, start_time)
+
+    def _count_items(self, micro: list[dict[str, Any]]) -> torch.Tensor | None:
+        """Targets across the accumulated batch (and across processes when averaging)."""
+        if not micro or not isinstance(micro[0], dict) or "labels" not in micro[0]:
+            return None
+        kind = self.trainer.model_kind
+        total = sum(losses.count_target_items(batch["labels"], kind) for batch in micro)
+        total = total.to(self.accelerator.device)
+        if self.args.average_tokens_across_devices and self.accelerator.num_processes > 1:
+            total = self.accelerator.gather(total.reshape(1)).sum()
+        return total
+
+    def _count_tokens(self, inputs: dict[str, Any], mode: str) -> None:
+        name = getattr(self.trainer.accelerator.unwrap_model(self.trainer.model), "main_input_name", "input_ids")
+        if mode == "non_padding" and "attention_mask" in inputs:
+            self._tokens += inputs["attention_mask"].sum().to(self._tokens.device)
+        elif name in inputs:
+            self._tokens += inputs[name].numel()
+
+    def _optimizer_step(self, model) -> None:
+        trainer, args, acc = self.trainer, self.args, self.accelerator
+        handler, state = trainer.callback_handler, trainer.state
+        if args.max_grad_norm > 0:
+            self.grad_norm = acc.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        trainer.control = handler.on_pre_optimizer_step(args, state, trainer.control)
+        trainer.optimizer.step()
+        trainer.control = handler.on_optimizer_step(args, state, trainer.control)
+        if not acc.optimizer_step_was_skipped:
+            trainer.lr_scheduler.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        if args.torch_empty_cache_steps and (state.global_step + 1) % args.torch_empty_cache_steps == 0:
+            _empty_cache(acc.device)
+
+    def _log_save_evaluate(self, model, ignore_keys: list[str] | None, start_time: float) -> None:
+        trainer, args, acc = self.trainer, self.args, self.accelerator
+        control, state = trainer.control, trainer.state
+        if control.should_log and state.global_step > self.last_logged:
+            loss = self.tr_loss
+            if acc.num_processes > 1:
+                loss = acc.gather(loss.reshape(1)).mean()
+            loss_scalar = loss.item()  # host sync: logging point
+            self.tr_loss.zero_()
+            logs: dict[str, float] = {"loss": loss_scalar / (state.global_step - self.last_logged)}
+            if self.grad_norm is not None:
+                logs["grad_norm"] = float(self.grad_norm)
+            logs["learning_rate"] = trainer.get_learning_rates()[0]
+            self.total_loss += loss_scalar
+            self.last_logged = state.global_step
+            self._sync_tokens()
+            trainer.log(logs, start_time)
+        if trainer.control.should_evaluate:
+            trainer._evaluate_during_training(ignore_keys)
+        if trainer.control.should_save:
+            from .checkpoints import save_checkpoint
+
+            save_checkpoint(trainer)
+            trainer.control = trainer.callback_handler.on_save(args, state, trainer.control)
+
+    def _sync_tokens(self) -> None:
+        if self.args.include_num_input_tokens_seen == "no":
+            return
+        tokens = self._tokens
+        if self.accelerator.num_processes > 1:
+            tokens = self.accelerator.gather(tokens.reshape(1)).sum()
+        self.trainer.state.num_input_tokens_seen += int(tokens)
+        self._tokens.zero_()
+
+    def _finish(self, start_time: float, start_step: int) -> TrainOutput:
+        trainer, args = self.trainer, self.args
+        state = trainer.state
+        # Fold in loss not yet logged, so train_loss covers every step.
+        steps_run = max(state.global_step - start_step, 1)
+        remaining = self.tr_loss.item() if state.global_step > self.last_logged else 0.0
+        self.total_loss += remaining
+        self._sync_tokens()
+        train_loss = self.total_loss / steps_run
+        done = state.global_step - start_step
+        samples = done * trainer._train_batch_size * args.gradient_accumulation_steps * self.accelerator.num_processes
+        metrics = speed_metrics("train", start_time, num_samples=samples, num_steps=done)
+        metrics["total_flos"] = float(state.total_flos)
+        metrics["train_loss"] = train_loss
+        if args.load_best_model_at_end and state.best_model_checkpoint is not None:
+            from .checkpoints import load_best_model
+
+            load_best_model(trainer)
+        trainer.log(dict(metrics))
+        trainer.control = trainer.callback_handler.on_train_end(args, state, trainer.control)
+        return TrainOutput(state.global_step, train_loss, metrics)
+
+
+def _empty_cache(device: torch.device) -> None:
+    backend = getattr(torch, device.type, None)
+    empty = getattr(backend, "empty_cache", None)
+    if callable(empty):
+        empty()

@@ -1,0 +1,526 @@
+"""Trainer: the Hugging Face ``Trainer`` surface on Accelerate.
+
+This class holds the objects of a run and the methods users override (compute_loss,
+training_step, prediction_step, create_optimizer, ...). The loops live in loop.py and
+evaluation.py, checkpoint files in checkpoints.py, so each piece stays readable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from . import losses
+from .args import TrainingArguments
+from .callbacks import (
+    CallbackHandler,
+    DefaultFlowCallback,
+    PrinterCallback,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+)
+from .collators import RemoveColumnsCollator, default_data_collator, signature_columns
+from .optim import decay_parameter_names, get_optimizer_cls_and_kwargs, get_scheduler, parameter_groups
+from .samplers import EpochRandomSampler, EpochSequentialSampler
+from .trainer_utils import PredictionOutput, TrainOutput, has_length, set_seed
+
+log = logging.getLogger("workbench")
+
+__all__ = ["Trainer"]
+
+
+def _make_accelerator(args: TrainingArguments):
+    """An Accelerator configured from the arguments (fresh state for each Trainer)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs
+
+    # Accelerate keeps a process-wide state; a new Trainer may want another precision.
+    AcceleratorState._reset_state()
+    config = dict(args.accelerator_config or {})
+    dataloader_config = DataLoaderConfiguration(
+        split_batches=config.pop("split_batches", False),
+        dispatch_batches=config.pop("dispatch_batches", None),
+        even_batches=config.pop("even_batches", True),
+        non_blocking=config.pop("non_blocking", False),
+    )
+    if config:
+        raise ValueError(f"accelerator_config: unknown keys {sorted(config)}; accepted: split_batches, "
+                         "dispatch_batches, even_batches, non_blocking")
+    ddp = {k: getattr(args, f"ddp_{k}") for k in ("find_unused_parameters", "bucket_cap_mb",
+                                                   "broadcast_buffers", "static_graph")}
+    ddp = {k: v for k, v in ddp.items() if v is not None}
+    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+    return Accelerator(
+        mixed_precision=precision,
+        cpu=args.use_cpu,
+        dataloader_config=dataloader_config,
+        step_scheduler_with_optimizer=False,
+        kwargs_handlers=[DistributedDataParallelKwargs(**ddp)] if ddp else None,
+    )
+
+
+class Trainer:
+    """Train, evaluate and predict with any ``nn.Module`` (HF-compatible constructor).
+
+    The model's forward may return a dict / ModelOutput / tuple with the loss first. A
+    model that returns only logits is trained with the default loss of its kind
+    (``model.loss_type`` or the class-name suffix, e.g. "ForCausalLM").
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        args: TrainingArguments | None = None,
+        data_collator: Callable | None = None,
+        train_dataset: Dataset | IterableDataset | None = None,
+        eval_dataset: Dataset | dict[str, Dataset] | None = None,
+        processing_class: Any = None,
+        model_init: Callable[..., nn.Module] | None = None,
+        compute_loss_func: Callable | None = None,
+        compute_metrics: Callable | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: tuple[torch.optim.Optimizer | None, Any] = (None, None),
+        optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
+        preprocess_logits_for_metrics: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
+        self.args = args if args is not None else TrainingArguments("tmp_trainer")
+        set_seed(self.args.seed, deterministic=self.args.full_determinism)
+        self.accelerator = _make_accelerator(self.args)
+        self.model_init = model_init
+        if model is None:
+            if model_init is None:
+                raise ValueError("Trainer needs a model or a model_init function")
+            model = self.call_model_init()
+        elif model_init is not None:
+            log.warning("both model and model_init given: model_init replaces the model when train() starts")
+        if optimizers[0] is not None and optimizer_cls_and_kwargs is not None:
+            raise ValueError("pass either optimizers or optimizer_cls_and_kwargs, not both")
+        self.model = model.to(self.accelerator.device)
+        self.model_wrapped = self.model
+        self.processing_class = processing_class
+        self.data_collator = data_collator or default_data_collator
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
+        self.compute_loss_func = compute_loss_func
+        self.compute_metrics = compute_metrics
+        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        self.optimizer, self.lr_scheduler = optimizers
+        self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
+        self._train_batch_size = self.args.train_batch_size
+
+        from .tracking import reporting_callbacks
+
+        defaults: list[Any] = [DefaultFlowCallback, *reporting_callbacks(self.args)]
+        if not self.args.disable_tqdm:
+            defaults.append(PrinterCallback)
+        self.callback_handler = CallbackHandler(
+            defaults + list(callbacks or []), self.model, processing_class, self.optimizer, self.lr_scheduler
+        )
+        self.state = TrainerState(
+            is_local_process_zero=self.is_local_process_zero(),
+            is_world_process_zero=self.is_world_process_zero(),
+        )
+        self.control = TrainerControl()
+        self._inspect_model()
+        self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
+
+    # -- model facts ---------------------------------------------------------------------
+
+    def _inspect_model(self) -> None:
+        model = self.accelerator.unwrap_model(self.model)
+        params = inspect.signature(model.forward).parameters
+        takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        self.model_kind = losses.model_kind(model)
+        self.model_accepts_loss_kwargs = takes_kwargs or "num_items_in_batch" in params
+        self._model_takes_labels = takes_kwargs or "labels" in params
+        if self.args.label_names is not None:
+            self.label_names = list(self.args.label_names)
+        else:
+            self.label_names = [n for n in params if "label" in n] or ["labels"]
+        self.can_return_loss = self._model_takes_labels
+
+    def call_model_init(self, trial: Any = None) -> nn.Module:
+        """Build a model with ``model_init`` (it may take the trial or nothing)."""
+        n_args = len(inspect.signature(self.model_init).parameters)
+        model = self.model_init() if n_args == 0 else self.model_init(trial)
+        if model is None:
+            raise RuntimeError("model_init returned None; it must return an nn.Module")
+        return model
+
+    # -- processes -----------------------------------------------------------------------
+
+    def is_world_process_zero(self) -> bool:
+        """Whether this is the main process of the whole run."""
+        return self.accelerator.is_main_process
+
+    def is_local_process_zero(self) -> bool:
+        """Whether this is the main process on this machine."""
+        return self.accelerator.is_local_main_process
+
+    # -- callbacks -------------------------------------------------------------------------
+
+    def add_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None:
+        """Add a callback (instance or class)."""
+        self.callback_handler.add_callback(callback)
+
+    def pop_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> TrainerCallback | None:
+        """Remove a callback and return it (None if absent)."""
+        return self.callback_handler.pop_callback(callback)
+
+    def remove_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None:
+        """Remove a callback (instance or first of a class)."""
+        self.callback_handler.remove_callback(callback)
+
+    # -- data ------------------------------------------------------------------------------
+
+    def _collator_for(self, dataset: Any, description: str) -> Callable:
+        if not self.args.remove_unused_columns:
+            return self.data_collator
+        keep = signature_columns(self.accelerator.unwrap_model(self.model), self.label_names)
+        if keep is None:
+            return self.data_collator
+        return RemoveColumnsCollator(self.data_collator, keep, description)
+
+    def _loader_kwargs(self) -> dict[str, Any]:
+        args = self.args
+        kwargs: dict[str, Any] = {
+            "num_workers": args.dataloader_num_workers,
+            "pin_memory": args.dataloader_pin_memory and self.accelerator.device.type == "cuda",
+        }
+        if args.dataloader_num_workers > 0:
+            kwargs["persistent_workers"] = args.dataloader_persistent_workers
+            kwargs["prefetch_factor"] = args.dataloader_prefetch_factor
+            kwargs["multiprocessing_context"] = args.dataloader_multiprocessing_context
+            kwargs["in_order"] = args.dataloader_in_order
+        return kwargs
+
+    def _get_train_sampler(self, dataset: Dataset) -> torch.utils.data.Sampler | None:
+        if isinstance(dataset, IterableDataset) or not has_length(dataset):
+            return None
+        if self.args.train_sampling_strategy == "sequential":
+            return EpochSequentialSampler(dataset)
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        return EpochRandomSampler(dataset, seed=seed)
+
+    def get_train_dataloader(self) -> DataLoader:
+        """The training DataLoader, prepared by Accelerate (sharded across processes)."""
+        if self.train_dataset is None:
+            raise ValueError("Trainer.train needs a train_dataset")
+        dataset = self.train_dataset
+        sampler = self._get_train_sampler(dataset)
+        self._train_sampler = sampler
+        loader = DataLoader(
+            dataset,
+            batch_size=self._train_batch_size,
+            sampler=sampler,
+            collate_fn=self._collator_for(dataset, "training"),
+            drop_last=self.args.dataloader_drop_last,
+            **self._loader_kwargs(),
+        )
+        return self.accelerator.prepare(loader)
+
+    def _resolve_eval_dataset(self, eval_dataset: Dataset | str | None) -> Dataset:
+        if isinstance(eval_dataset, str):
+            if not isinstance(self.eval_dataset, dict) or eval_dataset not in self.eval_dataset:
+                names = sorted(self.eval_dataset) if isinstance(self.eval_dataset, dict) else []
+                raise ValueError(f"no eval dataset named {eval_dataset!r}; named sets: {', '.join(names) or 'none'}")
+            return self.eval_dataset[eval_dataset]
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError("evaluation needs an eval_dataset (pass one to Trainer or to evaluate())")
+        return dataset
+
+    def _eval_loader(self, dataset: Dataset, description: str) -> DataLoader:
+        loader = DataLoader(
+            dataset,
+            batch_size=self.args.eval_batch_size,
+            sampler=None if isinstance(dataset, IterableDataset) else EpochSequentialSampler(dataset),
+            collate_fn=self._collator_for(dataset, description),
+            drop_last=self.args.dataloader_drop_last,
+            **self._loader_kwargs(),
+        )
+        return self.accelerator.prepare(loader)
+
+    def get_eval_dataloader(self, eval_dataset: Dataset | str | None = None) -> DataLoader:
+        """The evaluation DataLoader (sequential; a name selects one of several eval sets)."""
+        return self._eval_loader(self._resolve_eval_dataset(eval_dataset), "evaluation")
+
+    def get_test_dataloader(self, test_dataset: Dataset) -> DataLoader:
+        """The prediction DataLoader for ``test_dataset``."""
+        return self._eval_loader(test_dataset, "prediction")
+
+    def num_examples(self, dataloader: DataLoader) -> int:
+        """Number of examples behind a DataLoader (its dataset's length)."""
+        dataset = getattr(dataloader, "dataset", None)
+        if dataset is not None and has_length(dataset):
+            return len(dataset)
+        return len(dataloader) * self.args.per_device_train_batch_size
+
+    # -- optimizer and schedule --------------------------------------------------------------
+
+    def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
+        """Parameters that get weight decay (not biases, not norm weights)."""
+        return sorted(decay_parameter_names(model))
+
+    def create_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer from ``args.optim`` (or optimizer_cls_and_kwargs), decay groups applied."""
+        if self.optimizer is None:
+            model = self.accelerator.unwrap_model(self.model)
+            groups = parameter_groups(model, self.args.weight_decay)
+            cls, kwargs = self.optimizer_cls_and_kwargs or get_optimizer_cls_and_kwargs(self.args)
+            self.optimizer = cls(groups, **kwargs)
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        """The LR schedule from ``args.lr_scheduler_type`` over ``num_training_steps``."""
+        if self.lr_scheduler is None:
+            self.lr_scheduler = get_scheduler(
+                self.args.lr_scheduler_type,
+                optimizer if optimizer is not None else self.optimizer,
+                num_warmup_steps=self.args.get_warmup_steps(num_training_steps),
+                num_training_steps=num_training_steps,
+                scheduler_specific_kwargs=self.args.lr_scheduler_kwargs,
+            )
+        return self.lr_scheduler
+
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        """Create both (HF order: optimizer first, schedule on it)."""
+        self.create_optimizer()
+        self.create_scheduler(num_training_steps, self.optimizer)
+
+    def get_learning_rates(self) -> list[float]:
+        """Current learning rate of each parameter group."""
+        if self.lr_scheduler is not None:
+            return list(self.lr_scheduler.get_last_lr())
+        if self.optimizer is None:
+            raise ValueError("the optimizer is not created yet: call train() or create_optimizer() first")
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def get_num_trainable_parameters(self) -> int:
+        """Number of parameter elements that require grad."""
+        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        from accelerate.utils import send_to_device
+
+        return send_to_device(inputs, self.accelerator.device, non_blocking=True)
+
+    def _trainer_computes_loss(self, inputs: dict[str, Any]) -> bool:
+        """Whether compute_loss takes the labels out and computes the loss itself."""
+        return "labels" in inputs and (
+            self.compute_loss_func is not None
+            or self.args.label_smoothing_factor > 0
+            or not self._model_takes_labels
+        )
+
+    def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: torch.Tensor | int | None = None):
+        """Forward pass and loss; ``num_items_in_batch`` counts targets of the whole accumulated batch.
+
+        A loss from ``compute_loss_func`` (or the default loss given num_items_in_batch) is
+        already normalized over the accumulated batch and is not divided again.
+        """
+        labels = None
+        if self._trainer_computes_loss(inputs):
+            inputs = dict(inputs)
+            labels = inputs.pop("labels")
+        if self.model_accepts_loss_kwargs and num_items_in_batch is not None and labels is None:
+            inputs = {**inputs, "num_items_in_batch": num_items_in_batch}
+        outputs = model(**inputs)
+        if labels is not None:
+            if self.compute_loss_func is not None:
+                loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
+            else:
+                loss = self._default_loss(outputs, labels, num_items_in_batch)
+        else:
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs[0]
+            if loss is None:
+                keys = ", ".join(outputs) if isinstance(outputs, dict) else "a tuple"
+                raise ValueError(
+                    f"the model did not return a loss (it returned {keys}); pass labels in the inputs "
+                    "(a 'labels' column) or a compute_loss_func"
+                )
+        if (self.args.average_tokens_across_devices and num_items_in_batch is not None
+                and self.accelerator.num_processes > 1 and self._loss_is_normalized(inputs, labels)):
+            # DDP averages gradients over processes; the loss was divided by the global count.
+            loss = loss * self.accelerator.num_processes
+        return (loss, outputs) if return_outputs else loss
+
+    def _default_loss(self, outputs: Any, labels: torch.Tensor, num_items: Any) -> torch.Tensor:
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0] if isinstance(outputs, tuple) else outputs
+        loss_fn = losses.LOSS_MAPPING.get(self.model_kind or "")
+        if loss_fn is None:
+            raise ValueError(
+                f"cannot pick a default loss for {type(self.accelerator.unwrap_model(self.model)).__name__}: "
+                f"set model.loss_type to one of {', '.join(losses.LOSS_MAPPING)} or pass compute_loss_func"
+            )
+        return loss_fn(logits, labels, num_items_in_batch=num_items, label_smoothing=self.args.label_smoothing_factor)
+
+    def _loss_is_normalized(self, inputs: dict[str, Any], labels: Any) -> bool:
+        if self.compute_loss_func is not None:
+            return True
+        return labels is not None or self.model_accepts_loss_kwargs
+
+    def compute_loss_context_manager(self) -> contextlib.AbstractContextManager:
+        """Context for the forward pass (autocast is applied by Accelerate's model wrapper)."""
+        return contextlib.nullcontext()
+
+    def training_step(self, model: nn.Module, inputs: dict[str, Any],
+                      num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+        """Forward + backward of one micro-batch; returns the detached loss (scaled as applied)."""
+        model.train()
+        inputs = self._prepare_inputs(inputs)
+        trainer_loss = self._trainer_computes_loss(inputs)
+        with self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        normalized = num_items_in_batch is not None and (
+            self.compute_loss_func is not None or trainer_loss or self.model_accepts_loss_kwargs
+        )
+        if not normalized:
+            loss = loss / self.current_gradient_accumulation_steps
+        self.accelerator.backward(loss)
+        return loss.detach()
+
+    current_gradient_accumulation_steps = 1
+
+    def prediction_step(self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool,
+                        ignore_keys: list[str] | None = None):
+        """One evaluation batch: ``(loss, logits, labels)``, each None when not available."""
+        inputs = self._prepare_inputs(inputs)
+        has_labels = all(inputs.get(name) is not None for name in self.label_names)
+        labels = None
+        if has_labels:
+            labels = tuple(inputs[name] for name in self.label_names)
+            labels = labels[0] if len(labels) == 1 else labels
+        ignore = set(ignore_keys or ()) | {"loss"}
+        model.eval()
+        with torch.no_grad():
+            if has_labels or self.compute_loss_func is not None and "labels" in inputs:
+                with self.compute_loss_context_manager():
+                    loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
+                loss = loss.detach().mean()
+                if isinstance(outputs, dict):
+                    logits = tuple(v for k, v in outputs.items() if k not in ignore)
+                else:
+                    logits = outputs[1:]
+            else:
+                loss = None
+                with self.compute_loss_context_manager():
+                    outputs = model(**inputs)
+                logits = tuple(v for k, v in outputs.items() if k not in ignore) if isinstance(outputs, dict) else outputs
+        if prediction_loss_only:
+            return loss, None, None
+        if isinstance(logits, tuple) and len(logits) == 1:
+            logits = logits[0]
+        return loss, logits, labels
+
+    # -- public entry points -----------------------------------------------------------------
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None,
+              ignore_keys_for_eval: list[str] | None = None, **kwargs: Any) -> TrainOutput:
+        """Train; ``resume_from_checkpoint`` True resumes from the newest verified checkpoint."""
+        if kwargs:
+            raise TypeError(f"train() got unexpected keyword arguments: {', '.join(kwargs)}")
+        from .loop import TrainingLoop
+
+        if self.model_init is not None:
+            set_seed(self.args.seed)
+            self.model = self.call_model_init(trial).to(self.accelerator.device)
+            self.model_wrapped = self.model
+            self.callback_handler.model = self.model
+            self.optimizer, self.lr_scheduler = None, None
+            self._inspect_model()
+
+        def inner(batch_size: int) -> TrainOutput:
+            self._train_batch_size = batch_size
+            return TrainingLoop(self).run(resume_from_checkpoint, ignore_keys_for_eval)
+
+        try:
+            if self.args.auto_find_batch_size:
+                from accelerate.utils import find_executable_batch_size
+
+                return find_executable_batch_size(inner, starting_batch_size=self._train_batch_size)()
+            return inner(self._train_batch_size)
+        except BaseException as exc:
+            self.callback_handler.on_error(self.args, self.state, self.control, exc)
+            raise
+
+    def evaluate(self, eval_dataset: Dataset | dict[str, Dataset] | str | None = None,
+                 ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Evaluate and return metrics prefixed with ``metric_key_prefix`` (dicts: each named set)."""
+        from .evaluation import evaluate
+
+        return evaluate(self, eval_dataset, ignore_keys, metric_key_prefix)
+
+    def predict(self, test_dataset: Dataset, ignore_keys: list[str] | None = None,
+                metric_key_prefix: str = "test") -> PredictionOutput:
+        """Predictions, label ids and ``test_``-prefixed metrics for ``test_dataset``."""
+        from .evaluation import predict
+
+        return predict(self, test_dataset, ignore_keys, metric_key_prefix)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Record ``logs`` in the state's history and hand them to the on_log callbacks."""
+        if self.state.epoch is not None:
+            logs["epoch"] = self.state.epoch
+        if self.args.include_num_input_tokens_seen != "no":
+            logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
+            if start_time is not None:
+                elapsed = time.perf_counter() - start_time
+                if elapsed > 0:
+                    logs["train_tokens_per_second"] = round(self.state.num_input_tokens_seen / elapsed, 3)
+        self.state.log_history.append({**logs, "step": self.state.global_step})
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save the weights as safetensors (and the processing class) to ``output_dir``."""
+        from .checkpoints import save_model_files
+
+        target = Path(output_dir or self.args.output_dir)
+        if self.accelerator.is_main_process:
+            save_model_files(self.accelerator.unwrap_model(self.model), target, self.processing_class)
+            (target / "training_args.json").write_text(self.args.to_json_string() + "\n", encoding="utf-8")
+        self.accelerator.wait_for_everyone()
+
+    def _evaluate_during_training(self, ignore_keys: list[str] | None) -> dict[str, float]:
+        """Evaluate, update the best metric, and ask for a save when save_strategy is "best"."""
+        metrics = self.evaluate(ignore_keys=ignore_keys)
+        name = self.args.metric_for_best_model
+        if name is not None:
+            key = name if name.startswith("eval_") else f"eval_{name}"
+            if key not in metrics:
+                shown = ", ".join(sorted(k for k in metrics if not k.endswith(("_runtime", "_per_second"))))
+                raise KeyError(
+                    f"metric_for_best_model: the evaluation returned no {key!r}; it returned: {shown}. "
+                    "Set metric_for_best_model to one of these (with or without the eval_ prefix)"
+                )
+            value = float(metrics[key])
+            best = self.state.best_metric
+            better = best is None or (value > best if self.args.greater_is_better else value < best)
+            if better and math.isfinite(value):
+                self.state.best_metric = value
+                self.state.best_global_step = self.state.global_step
+                if self.args.save_strategy == "best":
+                    self.control.should_save = True
+        return metrics
+
+    def _output_path(self) -> Path:
+        path = Path(self.args.output_dir)
+        if self.accelerator.is_main_process:
+            os.makedirs(path, exist_ok=True)
+        return path
