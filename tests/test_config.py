@@ -63,8 +63,6 @@ def test_config_error_formats_one_line_with_optional_parts():
 
 
 def test_unknown_top_level_key_did_you_mean(tmp_path):
-    p = write(tmp_path, HEAD + 'run_nam = "x"\n')
-    # a key after [data] belongs to data: put the typo at the top instead
     p = write(tmp_path, 'run_nme = "x"\n' + HEAD.replace('run_name = "t"\n', ""))
     assert error_of(p) == f"{p}:1: run_nme: unknown key (did you mean run_name?)"
 
@@ -77,6 +75,13 @@ def test_unknown_top_level_table_lists_choices(tmp_path):
 def test_unknown_training_key_did_you_mean(tmp_path):
     p = write(tmp_path, HEAD + "[training]\nmax_steps = 3\nlearnig_rate = 1e-3\n")
     assert error_of(p) == f"{p}:8: training.learnig_rate: unknown key (did you mean learning_rate?)"
+
+
+def test_unknown_training_key_common_short_names(tmp_path):
+    p = write(tmp_path, HEAD + "[training]\nlr = 1e-3\n")
+    assert error_of(p) == f"{p}:7: training.lr: unknown key (did you mean learning_rate?)"
+    assert error_of(write(tmp_path, HEAD), ["training.batch_size=4"]) == (
+        "--set training.batch_size=4: training.batch_size: unknown key (did you mean per_device_train_batch_size?)")
 
 
 def test_unknown_training_key_without_close_match(tmp_path):

@@ -17,9 +17,12 @@ import json
 import os
 import re
 import tomllib
+import types
+import typing
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["decode_error", "find_lines", "kind_of", "line_of", "toml_repr", "tomlable"]
+__all__ = ["decode_error", "describe_type", "find_lines", "kind_of", "line_of", "toml_repr", "tomlable"]
 
 _BARE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 Path = tuple[str, ...]
@@ -240,3 +243,25 @@ def tomlable(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.value
     return str(value) if isinstance(value, os.PathLike) else value
+
+
+def describe_type(tp: Any) -> str:
+    """Say what a type hint accepts, in TOML words: ``int | None`` -> "an integer"."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return "any value"
+    if origin in (typing.Union, types.UnionType):
+        if Any in args:
+            return "any value"
+        return " or ".join(dict.fromkeys(describe_type(a) for a in args if a is not type(None)))
+    if origin in (list, tuple, set, frozenset, Sequence):
+        plural = {str: "strings", int: "integers", float: "numbers", bool: "booleans"}
+        return f"a list of {plural.get(args[0], describe_type(args[0]))}" if args else "a list"
+    if origin is typing.Literal:
+        return "one of: " + ", ".join(toml_repr(a) for a in args)
+    if tp is dict or origin in (dict, Mapping):
+        return "a table"
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return "one of: " + ", ".join(toml_repr(e.value) for e in tp)
+    simple = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return simple.get(tp, getattr(tp, "__name__", str(tp)))

@@ -333,9 +333,11 @@ class DefaultFlowCallback(TrainerCallback):
             control.should_save = True
         if step >= state.max_steps:
             control.should_training_stop = True
-            # The last step always logs, and saves unless saving is off (as HF).
+            # The last step always logs; with save_strategy "steps" it also saves (as HF).
+            # "epoch" saves in on_epoch_end, which the loop calls after this last step, so
+            # saving here too would write the same checkpoint twice.
             control.should_log = control.should_log or args.logging_strategy != "no"
-            if args.save_strategy not in ("no", "best"):
+            if args.save_strategy == "steps":
                 control.should_save = True
         return control
 

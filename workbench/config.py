@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
-import enum
 import functools
 import glob
 import importlib
@@ -32,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from workbench._toml_lines import decode_error, find_lines, kind_of, line_of, toml_repr, tomlable
+from workbench._toml_lines import decode_error, describe_type, find_lines, kind_of, line_of, toml_repr, tomlable
 from workbench.args import ArgumentError, TrainingArguments
 
 __all__ = [
@@ -48,6 +47,10 @@ DATA_KEYS = ("builtin", "options", "train", "eval")
 HOOK_KEYS = ("compute_loss_func", "compute_metrics", "preprocess_logits_for_metrics",
              "model_init", "data_collator", "callbacks")
 _MODEL_KINDS = ("builtin", "factory", "pretrained")
+# Common short names difflib cannot match to the HF field a user meant.
+_TRAINING_ALIASES = {"lr": "learning_rate", "epochs": "num_train_epochs", "bs": "per_device_train_batch_size",
+                     "batch_size": "per_device_train_batch_size", "train_batch_size": "per_device_train_batch_size",
+                     "eval_batch_size": "per_device_eval_batch_size"}
 _DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 Key = tuple[str, ...]
 
@@ -232,31 +235,20 @@ def _apply_overrides(data: dict, overrides: Sequence[str] | Mapping[str, Any] | 
     return data, origins
 
 
-def _describe(tp: Any) -> str:
-    """Say what a type hint accepts, in TOML words: ``int | None`` -> "an integer"."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return "any value"
-    if origin in (typing.Union, types.UnionType):
-        if Any in args:
-            return "any value"
-        return " or ".join(dict.fromkeys(_describe(a) for a in args if a is not type(None)))
-    if origin in (list, tuple, set, frozenset, Sequence):
-        plural = {str: "strings", int: "integers", float: "numbers", bool: "booleans"}
-        return f"a list of {plural.get(args[0], _describe(args[0]))}" if args else "a list"
-    if origin is typing.Literal:
-        return "one of: " + ", ".join(toml_repr(a) for a in args)
-    if tp is dict or origin in (dict, Mapping):
-        return "a table"
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return "one of: " + ", ".join(toml_repr(e.value) for e in tp)
-    simple = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-    return simple.get(tp, getattr(tp, "__name__", str(tp)))
-
-
 @functools.lru_cache(maxsize=256)
-def _adapter(tp: Any) -> TypeAdapter:
+def _cached_adapter(tp: Any) -> TypeAdapter:
     return TypeAdapter(tp)
+
+
+def _adapter(tp: Any) -> TypeAdapter | None:
+    """A pydantic validator for ``tp``; None for a type pydantic cannot check (left to the class)."""
+    for make in (_cached_adapter, TypeAdapter,
+                 lambda t: TypeAdapter(t, config=ConfigDict(arbitrary_types_allowed=True))):
+        try:
+            return make(tp)
+        except Exception:  # unhashable hint, or no schema for it: try the next way
+            continue
+    return None
 
 
 def _coerced(given: Any, result: Any) -> bool:
@@ -327,6 +319,8 @@ class _Loader:
 
     def unknown(self, key: Key, allowed: Sequence[str], what: str | None = None) -> ConfigError:
         close = difflib.get_close_matches(key[-1], list(allowed), n=1, cutoff=0.6)
+        if key[:1] == ("training",) and _TRAINING_ALIASES.get(key[-1]) in allowed:
+            close = [_TRAINING_ALIASES[key[-1]]]
         if close:
             return self.error(key, f"unknown key (did you mean {close[0]}?)")
         return self.error(key, f"unknown key ({what or 'expected one of: ' + ', '.join(allowed)})")
@@ -341,15 +335,18 @@ class _Loader:
 
     def check_type(self, key: Key, value: Any, hint: Any) -> Any:
         """Validate ``value`` against ``hint`` (pydantic, lax, but no str/bool -> number)."""
+        adapter = _adapter(hint)
+        if adapter is None:
+            return value
         try:
-            result = _adapter(hint).validate_python(value)
+            result = adapter.validate_python(value)
         except (ValidationError, TypeError):
             result = ok = False
         else:
             ok = not _coerced(value, result)
         if ok:
             return result
-        message = f"expected {_describe(hint)}, got {toml_repr(value)} ({kind_of(value)})"
+        message = f"expected {describe_type(hint)}, got {toml_repr(value)} ({kind_of(value)})"
         if isinstance(value, str):
             try:
                 literal = tomllib.loads(f"v = {value}")["v"]

@@ -59,13 +59,26 @@ class TrainingLoop:
                     "use a model that supports it or unset activation_checkpointing"
                 )
             enable(gradient_checkpointing_kwargs=args.activation_checkpointing_kwargs)
-        trainer.model_wrapped, trainer.optimizer = self.accelerator.prepare(model, trainer.optimizer)
-        wrapped = trainer.model_wrapped
+        trainer.model_wrapped = wrapped = self.accelerator.prepare(model)
+        if self._optimizer_needs_wrapper():
+            trainer.optimizer = self.accelerator.prepare(trainer.optimizer)
         if args.torch_compile:
             kwargs = {k: v for k, v in (("backend", args.torch_compile_backend), ("mode", args.torch_compile_mode)) if v}
             wrapped = torch.compile(wrapped, **kwargs)
             trainer.model_wrapped = wrapped
         return wrapped
+
+    def _optimizer_needs_wrapper(self) -> bool:
+        """Accelerate's optimizer wrapper is needed for loss scaling and sharded engines only.
+
+        Elsewhere it adds per-step work (package probes on every step()) and nothing else:
+        gradients are synchronized by DDP and accumulation is handled by this loop.
+        """
+        from accelerate.utils import DistributedType
+
+        acc = self.accelerator
+        plain = acc.distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+        return not plain or acc.scaler is not None
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -79,6 +92,8 @@ class TrainingLoop:
         max_steps, num_epochs, updates_per_epoch = self._plan(loader)
         trainer.create_optimizer_and_scheduler(max_steps)
         model = self._wrap_model()
+        self._clip_plain = not self._optimizer_needs_wrapper()
+        self._params = [p for p in model.parameters() if p.requires_grad]
         trainer.callback_handler.optimizer = trainer.optimizer
         trainer.callback_handler.lr_scheduler = trainer.lr_scheduler
         trainer.callback_handler.train_dataloader = loader
@@ -210,7 +225,10 @@ class TrainingLoop:
         trainer, args, acc = self.trainer, self.args, self.accelerator
         handler, state = trainer.callback_handler, trainer.state
         if args.max_grad_norm > 0:
-            self.grad_norm = acc.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            if self._clip_plain:
+                self.grad_norm = torch.nn.utils.clip_grad_norm_(self._params, args.max_grad_norm)
+            else:  # unscales fp16 gradients first / uses the sharded engine's clipping
+                self.grad_norm = acc.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         trainer.control = handler.on_pre_optimizer_step(args, state, trainer.control)
         trainer.optimizer.step()
         trainer.control = handler.on_optimizer_step(args, state, trainer.control)

@@ -383,7 +383,8 @@ class Trainer:
     def training_step(self, model: nn.Module, inputs: dict[str, Any],
                       num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
         """Forward + backward of one micro-batch; returns the detached loss (scaled as applied)."""
-        model.train()
+        if not model.training:  # eval() in between; a per-step train() walk costs ~0.1 ms
+            model.train()
         inputs = self._prepare_inputs(inputs)
         trainer_loss = self._trainer_computes_loss(inputs)
         with self.compute_loss_context_manager():
