@@ -21,10 +21,7 @@ import importlib
 import importlib.resources
 import inspect
 import os
-import re
-import sys
 import tomllib
-import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +30,7 @@ from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
+from workbench._refs import RefError, resolve_ref
 from workbench._toml_lines import decode_error, describe_type, find_lines, kind_of, line_of, toml_repr, tomlable
 from workbench.args import ArgumentError, TrainingArguments
 
@@ -51,7 +49,6 @@ _MODEL_KINDS = ("builtin", "factory", "pretrained")
 _TRAINING_ALIASES = {"lr": "learning_rate", "epochs": "num_train_epochs", "bs": "per_device_train_batch_size",
                      "batch_size": "per_device_train_batch_size", "train_batch_size": "per_device_train_batch_size",
                      "eval_batch_size": "per_device_eval_batch_size"}
-_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 Key = tuple[str, ...]
 
 
@@ -550,77 +547,8 @@ class _Loader:
     # -- references ----------------------------------------------------------------------
 
     def resolve(self, key: Key, ref: str, *, need_callable: bool) -> tuple[Any, str]:
-        """Import ``"module:attr.sub"`` (or ``"path/to/file.py:attr"``); return it and its recorded form.
-
-        A module found in the config's folder is recorded by its absolute file path, so the
-        resolved config in ``output_dir`` imports the same code from anywhere.
-        """
-        module_name, _, attr = ref.rpartition(":")
-        is_file = module_name.endswith(".py")
-        if not (is_file or _DOTTED.fullmatch(module_name)) or not _DOTTED.fullmatch(attr):
-            raise self.error(key, f'{ref!r} must look like "module:attribute" (e.g. "hooks:compute_metrics")')
-        module = self.import_file(key, module_name) if is_file else \
-            self.import_module(key, module_name, module_name, [str(self.base_dir), os.getcwd()])
-        obj = module
-        parts = attr.split(".")
-        for i, part in enumerate(parts):
-            try:
-                obj = getattr(obj, part)
-            except AttributeError:
-                owner = f"module {module_name!r}" if i == 0 else f"{module_name}:{'.'.join(parts[:i])}"
-                raise self.error(key, f"{owner} has no attribute {part!r}") from None
-        if need_callable and not callable(obj):
-            raise self.error(key, f"{ref!r} is not callable (it is {kind_of(obj)})")
-        file = getattr(module, "__file__", None)
-        recorded = ref
-        if file and os.path.abspath(file).startswith(str(self.base_dir) + os.sep):
-            recorded = f"{os.path.abspath(file)}:{attr}"
-        return obj, recorded
-
-    def import_file(self, key: Key, spec: str) -> types.ModuleType:
-        """Import a module given by file path; its package (folders with __init__.py) is kept."""
-        file = Path(self.path(spec))
-        if not file.is_file() and Path(spec).absolute().is_file():
-            file = Path(spec).absolute()
-        if not file.is_file():
-            raise self.error(key, f"cannot import module {spec!r} (file {str(file)!r} does not exist)")
-        parts = [] if file.name == "__init__.py" else [file.stem]
-        folder = file.parent
-        while (folder / "__init__.py").is_file() and folder.parent != folder:
-            parts.insert(0, folder.name)
-            folder = folder.parent
-        return self.import_module(key, spec, ".".join(parts), [str(folder)])
-
-    def import_module(self, key: Key, shown: str, name: str, folders: list[str]) -> types.ModuleType:
-        """Import ``name`` with ``folders`` first on sys.path (restored afterwards)."""
-        _forget_shadowed(name.split(".")[0], folders)
-        importlib.invalidate_caches()
-        sys.path[:0] = folders
+        """:func:`workbench._refs.resolve_ref` against the config's folder, errors located at ``key``."""
         try:
-            return importlib.import_module(name)
-        except Exception as exc:  # a broken hook module is a config problem, not a crash
-            reason = str(exc) if isinstance(exc, ImportError) else f"{type(exc).__name__}: {exc}"
-            raise self.error(key, f"cannot import module {shown!r} ({reason})") from None
-        finally:
-            for folder in folders:
-                if folder in sys.path:
-                    sys.path.remove(folder)
-
-
-def _forget_shadowed(top: str, folders: list[str]) -> None:
-    """Drop a cached module ``top`` when the config's folder holds a different module of that name.
-
-    Without this, a second config whose ``hooks.py`` differs from the first one's (same
-    process: tests, notebooks) would silently get the first one's functions.
-    """
-    cached = sys.modules.get(top)
-    if cached is None or top in sys.stdlib_module_names or top == "workbench":
-        return
-    for folder in folders:
-        for candidate in (Path(folder, f"{top}.py"), Path(folder, top, "__init__.py")):
-            if candidate.is_file():
-                cached_file = getattr(cached, "__file__", None)
-                if cached_file is None or os.path.realpath(cached_file) != os.path.realpath(candidate):
-                    for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
-                        del sys.modules[name]
-                return
+            return resolve_ref(ref, self.base_dir, need_callable=need_callable)
+        except RefError as exc:
+            raise self.error(key, str(exc)) from None

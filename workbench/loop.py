@@ -152,6 +152,10 @@ class TrainingLoop:
             sampler.set_epoch(epoch)
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
+        generator = getattr(trainer, "_train_loader_generator", None)
+        if generator is not None:
+            seed = args.data_seed if args.data_seed is not None else args.seed
+            generator.manual_seed(seed + epoch)
         iterator_source = loader
         if skip:
             from accelerate import skip_first_batches

@@ -119,6 +119,9 @@ class Trainer:
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
         self.optimizer, self.lr_scheduler = optimizers
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
+        # A schedule the Trainer built is rebuilt by each train() (and each
+        # auto_find_batch_size retry) for that run's step count, as HF does.
+        self._created_lr_scheduler = False
         self._train_batch_size = self.args.train_batch_size
 
         from .tracking import reporting_callbacks
@@ -222,10 +225,14 @@ class Trainer:
         dataset = self.train_dataset
         sampler = self._get_train_sampler(dataset)
         self._train_sampler = sampler
+        # The loader draws its worker base seed from this generator, not the global RNG, so
+        # starting an iterator (also mid-run, on resume) never shifts dropout or other draws.
+        self._train_loader_generator = torch.Generator()
         loader = DataLoader(
             dataset,
             batch_size=self._train_batch_size,
             sampler=sampler,
+            generator=self._train_loader_generator,
             collate_fn=self._collator_for(dataset, "training"),
             drop_last=self.args.dataloader_drop_last,
             **self._loader_kwargs(),
@@ -248,6 +255,7 @@ class Trainer:
             dataset,
             batch_size=self.args.eval_batch_size,
             sampler=None if isinstance(dataset, IterableDataset) else EpochSequentialSampler(dataset),
+            generator=torch.Generator().manual_seed(self.args.seed),  # leave the global RNG alone
             collate_fn=self._collator_for(dataset, description),
             drop_last=self.args.dataloader_drop_last,
             **self._loader_kwargs(),
@@ -294,6 +302,7 @@ class Trainer:
                 num_training_steps=num_training_steps,
                 scheduler_specific_kwargs=self.args.lr_scheduler_kwargs,
             )
+            self._created_lr_scheduler = True
         return self.lr_scheduler
 
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
@@ -449,6 +458,8 @@ class Trainer:
 
         def inner(batch_size: int) -> TrainOutput:
             self._train_batch_size = batch_size
+            if self._created_lr_scheduler:
+                self.lr_scheduler, self._created_lr_scheduler = None, False
             return TrainingLoop(self).run(resume_from_checkpoint, ignore_keys_for_eval)
 
         try:
