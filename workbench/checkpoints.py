@@ -144,7 +144,9 @@ class CheckpointStore:
         complete = [c for c in self.list() if c.complete]
         excess = len(complete) - limit
         deleted = []
-        for info in complete:  # oldest first
+        # Oldest first; the newest is never deleted (it is what --resume needs), so with a kept
+        # best checkpoint the folder may hold limit + 1 checkpoints, as HF keeps best + last.
+        for info in complete[:-1]:
             if excess <= 0:
                 break
             if info.name in keep or info.path in keep:

@@ -117,6 +117,9 @@ class Trainer:
         self.compute_loss_func = compute_loss_func
         self.compute_metrics = compute_metrics
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        if eval_dataset is None and (self.args.eval_strategy != "no" or self.args.eval_on_start):
+            setting = "eval_on_start" if self.args.eval_on_start else f"eval_strategy={self.args.eval_strategy!r}"
+            raise ValueError(f"{setting} needs an eval_dataset: pass one to Trainer, or set eval_strategy to \"no\"")
         self.optimizer, self.lr_scheduler = optimizers
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
         # A schedule the Trainer built is rebuilt by each train() (and each
@@ -357,9 +360,15 @@ class Trainer:
             else:
                 loss = self._default_loss(outputs, labels, num_items_in_batch)
         else:
-            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs[0]
+            if isinstance(outputs, torch.Tensor):
+                # A bare tensor is the loss only when it is a scalar; otherwise it is logits.
+                loss = outputs if outputs.dim() == 0 else None
+            else:
+                loss = outputs.get("loss") if isinstance(outputs, dict) else outputs[0]
             if loss is None:
-                keys = ", ".join(outputs) if isinstance(outputs, dict) else "a tuple"
+                keys = (", ".join(outputs) if isinstance(outputs, dict)
+                        else f"a tensor of shape {tuple(outputs.shape)}" if isinstance(outputs, torch.Tensor)
+                        else "a tuple")
                 raise ValueError(
                     f"the model did not return a loss (it returned {keys}); pass labels in the inputs "
                     "(a 'labels' column) or a compute_loss_func"
