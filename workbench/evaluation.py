@@ -22,7 +22,7 @@ from .trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, has
 if TYPE_CHECKING:
     from .trainer import Trainer
 
-__all__ = ["evaluate", "predict", "evaluation_loop", "pad_and_concat", "nested_to_cpu"]
+__all__ = ["evaluate", "predict", "evaluation_loop", "concat_batches", "pad_and_concat", "nested_to_cpu"]
 
 PAD_INDEX = -100
 
@@ -40,30 +40,38 @@ def nested_to_cpu(value: Any) -> Any:
     return _apply(lambda t: t.cpu(), value)
 
 
-def _pad_concat_pair(a: torch.Tensor, b: torch.Tensor, pad: int) -> torch.Tensor:
-    if a.dim() == 0:
-        a = a.reshape(1)
-    if b.dim() == 0:
-        b = b.reshape(1)
-    if a.dim() == 1 or a.shape[1:] == b.shape[1:]:
-        return torch.cat([a, b.to(a.device)], dim=0)
-    # Different sequence lengths: pad dim 1 (and beyond) to the larger size.
-    shape = [a.shape[0] + b.shape[0]] + [max(x, y) for x, y in zip(a.shape[1:], b.shape[1:])]
-    out = a.new_full(shape, pad)
-    out[: a.shape[0], : a.shape[1]] = a
-    out[a.shape[0]:, : b.shape[1]] = b.to(a.device)
+def _concat_tensors(parts: list[torch.Tensor], pad: int) -> torch.Tensor:
+    parts = [t.reshape(1) if t.dim() == 0 else t for t in parts]
+    first = parts[0]
+    if first.dim() == 1 or all(t.shape[1:] == first.shape[1:] for t in parts):
+        return torch.cat(parts, dim=0)
+    # Different sequence lengths across batches: pad every dim after the first.
+    tail = [max(t.shape[d] for t in parts) for d in range(1, first.dim())]
+    out = first.new_full([sum(t.shape[0] for t in parts), *tail], pad)
+    row = 0
+    for t in parts:
+        out[(slice(row, row + t.shape[0]), *(slice(0, n) for n in t.shape[1:]))] = t
+        row += t.shape[0]
     return out
+
+
+def concat_batches(batches: list[Any], pad: int = PAD_INDEX) -> Any:
+    """Concatenate (nested) batches along dim 0 in one pass, padding other dims with ``pad``."""
+    if not batches:
+        return None
+    first = batches[0]
+    if isinstance(first, (list, tuple)):
+        return type(first)(concat_batches([b[i] for b in batches], pad) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {k: concat_batches([b[k] for b in batches], pad) for k in first}
+    return _concat_tensors(list(batches), pad)
 
 
 def pad_and_concat(a: Any, b: Any, pad: int = PAD_INDEX) -> Any:
     """Concatenate two (nested) batches along dim 0, padding other dims with ``pad``."""
     if a is None:
         return b
-    if isinstance(a, (list, tuple)):
-        return type(a)(pad_and_concat(x, y, pad) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return {k: pad_and_concat(a[k], b[k], pad) for k in a}
-    return _pad_concat_pair(a, b, pad)
+    return concat_batches([a, b], pad)
 
 
 def _to_numpy(value: Any) -> Any:
@@ -72,39 +80,7 @@ def _to_numpy(value: Any) -> Any:
     return _apply(lambda t: t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy(), nested_to_cpu(value))
 
 
-class _Accumulator:
-    """Holds one kind of output (logits, labels, ...) on the device, then on the CPU."""
-
-    def __init__(self, concat: bool) -> None:
-        self.concat = concat
-        self.device_part: Any = None
-        self.host_part: Any = None if concat else []
-        self.nbytes_peak = 0
-
-    def add(self, value: Any) -> None:
-        if value is None:
-            return
-        if self.concat:
-            self.device_part = pad_and_concat(self.device_part, value)
-        else:
-            self.host_part.append(value)
-        self.nbytes_peak = max(self.nbytes_peak, _nbytes(self.device_part) + _nbytes(self.host_part))
-
-    def offload(self) -> None:
-        if self.concat and self.device_part is not None:
-            self.host_part = pad_and_concat(self.host_part, nested_to_cpu(self.device_part))
-            self.device_part = None
-
-    def result(self) -> Any:
-        self.offload()
-        if self.concat:
-            return _to_numpy(self.host_part)
-        return [_to_numpy(v) for v in self.host_part] or None
-
-
 def _nbytes(value: Any) -> int:
-    if value is None:
-        return 0
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
     if isinstance(value, (list, tuple)):
@@ -112,6 +88,37 @@ def _nbytes(value: Any) -> int:
     if isinstance(value, dict):
         return sum(_nbytes(v) for v in value.values())
     return 0
+
+
+class _Accumulator:
+    """Batches of one output kind (logits, labels, ...): held on the device until
+    ``offload()`` moves them to the host. Concatenation happens once, at the end, so
+    the cost stays linear in the number of batches."""
+
+    def __init__(self) -> None:
+        self.on_device: list[Any] = []
+        self.on_host: list[Any] = []
+        self.device_bytes = 0
+        self.peak_device_bytes = 0
+
+    def add(self, value: Any) -> None:
+        if value is None:
+            return
+        self.on_device.append(value)
+        self.device_bytes += _nbytes(value)
+        self.peak_device_bytes = max(self.peak_device_bytes, self.device_bytes)
+
+    def offload(self) -> None:
+        self.on_host.extend(nested_to_cpu(v) for v in self.on_device)
+        self.on_device, self.device_bytes = [], 0
+
+    def result(self, concat: bool) -> Any:
+        self.offload()
+        if not self.on_host:
+            return None
+        if concat:
+            return _to_numpy(concat_batches(self.on_host))
+        return [_to_numpy(v) for v in self.on_host]
 
 
 def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction_loss_only: bool | None = None,
@@ -128,7 +135,9 @@ def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction
     # training weights (the model may be mid-run).
     half = torch.float16 if args.fp16_full_eval else torch.bfloat16 if args.bf16_full_eval else None
     precision = torch.autocast(acc.device.type, dtype=half) if half is not None else contextlib.nullcontext()
-    parts = {name: _Accumulator(concat) for name in ("losses", "preds", "labels", "inputs")}
+    parts = {name: _Accumulator() for name in ("losses", "preds", "labels", "inputs")}
+    stop_was_requested = trainer.control.should_training_stop
+    interrupted = False
     include_inputs = "inputs" in args.include_for_metrics
     include_loss = "loss" in args.include_for_metrics
     batch_metrics = args.batch_eval_metrics and trainer.compute_metrics is not None and not loss_only
@@ -151,7 +160,6 @@ def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction
                 parts["losses"].add(batch_losses)
         if main_input is not None:
             main_input = acc.gather_for_metrics(acc.pad_across_processes(main_input, dim=1, pad_index=PAD_INDEX))
-            parts["inputs"].add(main_input)
         if labels is not None:
             labels = acc.gather_for_metrics(acc.pad_across_processes(labels, dim=1, pad_index=PAD_INDEX))
         if logits is not None:
@@ -166,22 +174,30 @@ def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction
             pred = EvalPrediction(logits, labels, inputs=main_input if include_inputs else None,
                                   losses=batch_losses if include_loss and loss is not None else None)
             metrics = trainer.compute_metrics(pred, compute_result=last)
-            parts["losses"] = _Accumulator(concat)
+            parts["losses"] = _Accumulator()
         else:
+            parts["inputs"].add(main_input)
             parts["preds"].add(None if loss_only else logits)
             parts["labels"].add(None if loss_only else labels)
             if args.eval_accumulation_steps is not None and (step + 1) % args.eval_accumulation_steps == 0:
                 for part in parts.values():
                     part.offload()
-    trainer._eval_peak_bytes = sum(part.nbytes_peak for part in parts.values())
+        if trainer.control.should_training_stop and not stop_was_requested:
+            # A stop asked for during this evaluation (SIGTERM, the UI): honour it now
+            # rather than after the remaining batches.
+            interrupted = True
+            break
+    # Bytes of predictions/labels/inputs/losses held on the device at the worst moment:
+    # what eval_accumulation_steps and preprocess_logits_for_metrics exist to bound.
+    trainer.eval_peak_device_bytes = sum(part.peak_device_bytes for part in parts.values())
     all_losses = torch.cat(losses_for_mean).float() if losses_for_mean else None
-    preds = parts["preds"].result()
-    label_ids = parts["labels"].result()
-    if not batch_metrics:
+    preds = parts["preds"].result(concat)
+    label_ids = parts["labels"].result(concat)
+    if not batch_metrics and not interrupted:
         if trainer.compute_metrics is not None and preds is not None and label_ids is not None:
             pred = EvalPrediction(preds, label_ids,
-                                  inputs=parts["inputs"].result() if include_inputs else None,
-                                  losses=parts["losses"].result() if include_loss else None)
+                                  inputs=parts["inputs"].result(concat) if include_inputs else None,
+                                  losses=parts["losses"].result(concat) if include_loss else None)
             metrics = trainer.compute_metrics(pred)
     metrics = dict(metrics or {})
     metrics = {k: v.item() if isinstance(v, (torch.Tensor, np.generic)) else v for k, v in metrics.items()}
@@ -192,6 +208,8 @@ def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction
     for key in list(metrics):
         if not key.startswith(f"{metric_key_prefix}_"):
             metrics[f"{metric_key_prefix}_{key}"] = metrics.pop(key)
+    if interrupted:
+        metrics[f"{metric_key_prefix}_interrupted"] = True
     return EvalLoopOutput(predictions=preds, label_ids=label_ids, metrics=metrics, num_samples=num_samples)
 
 

@@ -522,7 +522,7 @@ class Trainer:
         """Evaluate, update the best metric, and ask for a save when save_strategy is "best"."""
         metrics = self.evaluate(ignore_keys=ignore_keys)
         name = self.args.metric_for_best_model
-        if name is not None:
+        if name is not None and not any(k.endswith("_interrupted") for k in metrics):
             key = name if name.startswith("eval_") else f"eval_{name}"
             if key not in metrics:
                 shown = ", ".join(sorted(k for k in metrics if not k.endswith(("_runtime", "_per_second"))))
