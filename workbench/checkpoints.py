@@ -43,7 +43,10 @@ __all__ = [
 ]
 
 MANIFEST = "manifest.json"
+SENTINEL = "checkpoint-is-incomplete.txt"
 WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+SHARD_BYTES = 5 * 1024**3
 _NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
 
@@ -77,6 +80,7 @@ class CheckpointInfo:
     complete: bool = False
     verified: bool | None = None
     best: bool = False
+    protected: bool = False  # rotation never deletes it (the best, and the newest complete)
     problem: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -100,7 +104,12 @@ class CheckpointStore:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
+        # The reference's sentinel: present while the save runs. Here it never reaches a
+        # published folder, since the rename happens only after it is gone.
+        sentinel = tmp / SENTINEL
+        sentinel.write_text("this checkpoint is still being written\n", encoding="utf-8")
         write(tmp)
+        sentinel.unlink()
         files = {}
         for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
             with open(path, "rb+") as f:
@@ -149,7 +158,7 @@ class CheckpointStore:
         for info in complete[:-1]:
             if excess <= 0:
                 break
-            if info.name in keep or info.path in keep:
+            if info.best or info.name in keep or info.path in keep:
                 continue
             self._discard(Path(info.path))
             deleted.append(info.name)
@@ -193,6 +202,9 @@ class CheckpointStore:
         if best_path:
             for row in rows:
                 row.best = Path(row.path).name == Path(best_path).name
+        complete = [r for r in rows if r.complete]
+        for row in rows:
+            row.protected = row.best or (bool(complete) and row is complete[-1])
         return rows
 
     def verify(self, path: str | os.PathLike) -> tuple[bool, str | None]:
@@ -244,15 +256,55 @@ class CheckpointStore:
 # -- what goes into a checkpoint ----------------------------------------------------------
 
 
-def save_model_files(model: torch.nn.Module, directory: Path, processing_class: Any = None) -> None:
-    """Weights as safetensors (HF models through save_pretrained), plus the processing class."""
+def _unique_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict without aliases (tied weights are stored once, under their first name)."""
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+    out = {}
+    for name, tensor in model.state_dict().items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if tensor.numel() and key in seen:
+            continue
+        seen.add(key)
+        out[name] = tensor.detach().contiguous().cpu()
+    return out
+
+
+def save_model_files(model: torch.nn.Module, directory: Path, processing_class: Any = None,
+                     max_shard_bytes: int | None = None) -> None:
+    """Weights as safetensors (HF models through save_pretrained), plus the processing class.
+
+    Weights above ``max_shard_bytes`` (default 5 GB) are split into
+    ``model-0000i-of-0000n.safetensors`` files with ``model.safetensors.index.json``, the
+    layout transformers reads.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     if hasattr(model, "save_pretrained") and hasattr(model, "config") and not isinstance(model.config, dict):
         model.save_pretrained(directory, safe_serialization=True)
     else:
-        from safetensors.torch import save_model
+        from safetensors.torch import save_file
 
-        save_model(model, str(directory / WEIGHTS))
+        limit = max_shard_bytes or SHARD_BYTES
+        state = _unique_state(model)
+        shards: list[dict[str, torch.Tensor]] = [{}]
+        size = 0
+        for name, tensor in state.items():
+            nbytes = tensor.numel() * tensor.element_size()
+            if shards[-1] and size + nbytes > limit:
+                shards.append({})
+                size = 0
+            shards[-1][name] = tensor
+            size += nbytes
+        if len(shards) == 1:
+            save_file(shards[0], str(directory / WEIGHTS), metadata={"format": "pt"})
+        else:
+            weight_map = {}
+            for i, shard in enumerate(shards, 1):
+                file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(directory / file), metadata={"format": "pt"})
+                weight_map.update({name: file for name in shard})
+            total = sum(t.numel() * t.element_size() for t in state.values())
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (directory / WEIGHTS_INDEX).write_text(json.dumps(index, indent=2), encoding="utf-8")
     if processing_class is not None and hasattr(processing_class, "save_pretrained"):
         processing_class.save_pretrained(directory)
 
@@ -319,11 +371,23 @@ def _load(path: Path) -> Any:
 
 
 def _load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
-    weights = checkpoint / WEIGHTS
-    if weights.is_file():
-        from safetensors.torch import load_model
+    from safetensors.torch import load_file
 
-        load_model(model, str(weights), strict=True, device=str(next(model.parameters()).device))
+    files = []
+    if (checkpoint / WEIGHTS).is_file():
+        files = [checkpoint / WEIGHTS]
+    elif (checkpoint / WEIGHTS_INDEX).is_file():
+        index = json.loads((checkpoint / WEIGHTS_INDEX).read_text(encoding="utf-8"))
+        files = [checkpoint / f for f in sorted(set(index["weight_map"].values()))]
+    if files:
+        state: dict[str, torch.Tensor] = {}
+        for file in files:
+            state.update(load_file(str(file)))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        expected_missing = set(model.state_dict()) - set(_unique_state(model))
+        if unexpected or set(missing) - expected_missing:
+            raise ValueError(f"{checkpoint}: weights do not fit the model (missing: {sorted(set(missing) - expected_missing)[:5]}, "
+                             f"unexpected: {sorted(unexpected)[:5]})")
         return
     if hasattr(model, "from_pretrained") and (checkpoint / "config.json").is_file():
         loaded = type(model).from_pretrained(checkpoint)

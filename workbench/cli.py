@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -152,12 +153,21 @@ def _run(ns: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"training.output_dir: cannot write to {output_dir} ({exc.strerror}); choose a writable folder")
     from .build import build_trainer
+    from .signals import install_stop_handlers
 
     try:
         trainer = build_trainer(run)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         raise UsageError(f"{config_path}: {exc}") from None
     write_resolved_config(run, output_dir)
+    request = trainer.stop_request
+
+    def abort(signum: int) -> None:
+        raise KeyboardInterrupt  # a second Ctrl-C: stop now, without waiting for the save
+
+    # Ctrl-C asks for the same save-and-stop as SIGTERM; the Trainer routes SIGTERM itself
+    # when enable_jit_checkpoint is set (schedulers then see 143, "preempted").
+    restore = install_stop_handlers(request, [signal.SIGINT], on_repeat=abort)
     try:
         trainer.train(resume_from_checkpoint=resume)
     except KeyboardInterrupt:
@@ -167,6 +177,15 @@ def _run(ns: argparse.Namespace) -> int:
         traceback.print_exc()
         print(f"workbench: training failed; details in {output_dir / 'events.jsonl'}", file=sys.stderr)
         return EXIT_FAILED
+    finally:
+        restore()
+    step = trainer.state.global_step
+    if request.reason == "SIGTERM":
+        print(f"workbench: stopped by SIGTERM at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
+        return EXIT_TERMINATED
+    if request.reason == "SIGINT":
+        print(f"workbench: interrupted at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(f"workbench: finished; files in {output_dir}")
     return EXIT_OK
 

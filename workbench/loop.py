@@ -127,6 +127,8 @@ class TrainingLoop:
         trainer.control = control
         if args.eval_on_start and state.global_step == 0:
             trainer._evaluate_during_training(ignore_keys_for_eval)
+            if trainer.control.should_save:  # a stop was requested during that evaluation
+                self._log_save_evaluate(model, ignore_keys_for_eval, start_time)
 
         epochs_done, skip_batches = 0, 0
         if updates_per_epoch:
@@ -136,6 +138,8 @@ class TrainingLoop:
             else:
                 epochs_done = 0
         for epoch in range(epochs_done, num_epochs):
+            if trainer.control.should_training_stop:
+                break
             self._run_epoch(model, loader, epoch, skip_batches if epoch == epochs_done else 0,
                             updates_per_epoch, ignore_keys_for_eval, start_time)
             if trainer.control.should_training_stop:
@@ -168,7 +172,7 @@ class TrainingLoop:
         step_in_epoch = skip  # micro-batches consumed in this epoch
         distributed = acc.num_processes > 1
         count_tokens = args.include_num_input_tokens_seen
-        while True:
+        while not trainer.control.should_training_stop:
             micro = []
             for _ in range(ga):
                 try:

@@ -12,6 +12,8 @@ import inspect
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +36,7 @@ from .callbacks import (
 from .collators import RemoveColumnsCollator, default_data_collator, signature_columns
 from .optim import decay_parameter_names, get_optimizer_cls_and_kwargs, get_scheduler, parameter_groups
 from .samplers import EpochRandomSampler, EpochSequentialSampler
+from .signals import JITCheckpointCallback, StopRequest, install_stop_handlers
 from .trainer_utils import PredictionOutput, TrainOutput, has_length, set_seed
 
 log = logging.getLogger("workbench")
@@ -129,7 +132,11 @@ class Trainer:
 
         from .tracking import reporting_callbacks
 
-        defaults: list[Any] = [DefaultFlowCallback, *reporting_callbacks(self.args)]
+        # Signals, Ctrl-C, the UI and Session.stop() all set this one request; the JIT
+        # callback turns it into save + stop at the next safe point.
+        self.stop_request = StopRequest()
+        defaults: list[Any] = [DefaultFlowCallback, JITCheckpointCallback(self.stop_request),
+                               *reporting_callbacks(self.args)]
         if not self.args.disable_tqdm:
             defaults.append(PrinterCallback)
         self.callback_handler = CallbackHandler(
@@ -471,6 +478,10 @@ class Trainer:
                 self.lr_scheduler, self._created_lr_scheduler = None, False
             return TrainingLoop(self).run(resume_from_checkpoint, ignore_keys_for_eval)
 
+        self.stop_request.clear()
+        restore = None
+        if self.args.enable_jit_checkpoint and threading.current_thread() is threading.main_thread():
+            restore = install_stop_handlers(self.stop_request, [signal.SIGTERM])
         try:
             if self.args.auto_find_batch_size:
                 from accelerate.utils import find_executable_batch_size
@@ -480,6 +491,9 @@ class Trainer:
         except BaseException as exc:
             self.callback_handler.on_error(self.args, self.state, self.control, exc)
             raise
+        finally:
+            if restore is not None:
+                restore()
 
     def evaluate(self, eval_dataset: Dataset | dict[str, Dataset] | str | None = None,
                  ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> dict[str, float]:
