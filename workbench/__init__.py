@@ -29,6 +29,9 @@ _EXPORTS = {
     "load_config": "config",
     "RunConfig": "config",
     "build_trainer": "build",
+    "Session": "session",
+    "Snapshot": "session_state",
+    "SessionEvent": "session_state",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

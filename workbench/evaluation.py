@@ -170,7 +170,10 @@ def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction
         num_samples += num_samples_batch
         trainer.control = handler.on_prediction_step(args, trainer.state, trainer.control)
         if batch_metrics:
-            last = n_batches is not None and step == n_batches - 1
+            # Without a length (iterable eval set), Accelerate's loader looks one batch
+            # ahead and flags the last one.
+            last = (step == n_batches - 1 if n_batches is not None
+                    else bool(getattr(dataloader, "end_of_dataloader", False)))
             pred = EvalPrediction(logits, labels, inputs=main_input if include_inputs else None,
                                   losses=batch_losses if include_loss and loss is not None else None)
             metrics = trainer.compute_metrics(pred, compute_result=last)
@@ -202,9 +205,12 @@ def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction
     metrics = dict(metrics or {})
     metrics = {k: v.item() if isinstance(v, (torch.Tensor, np.generic)) else v for k, v in metrics.items()}
     if all_losses is not None and all_losses.numel():
+        # The reference: with logging_nan_inf_filter, NaN/Inf batches (e.g. ones without
+        # any target) are left out of the eval loss. If every batch is non-finite the loss
+        # is reported as NaN, never dropped, so best-metric tracking sees the divergence.
         finite = all_losses[torch.isfinite(all_losses)] if args.logging_nan_inf_filter else all_losses
-        if finite.numel():
-            metrics[f"{metric_key_prefix}_loss"] = finite.mean().item()
+        loss = finite.mean() if finite.numel() else all_losses.mean()
+        metrics[f"{metric_key_prefix}_loss"] = loss.item()
     for key in list(metrics):
         if not key.startswith(f"{metric_key_prefix}_"):
             metrics[f"{metric_key_prefix}_{key}"] = metrics.pop(key)
@@ -224,12 +230,14 @@ def _batch_size(inputs: Any) -> int:
 
 
 def _run_one(trainer: "Trainer", dataset, ignore_keys, prefix: str) -> dict[str, float]:
+    trainer._memory_stage("eval", start=True)
     start = time.perf_counter()
     loader = trainer._eval_loader(dataset, "evaluation")
     output = evaluation_loop(trainer, loader, "Evaluation", ignore_keys=ignore_keys, metric_key_prefix=prefix)
     metrics = output.metrics
     n_batches = len(loader) if has_length(loader) else None
     metrics.update(speed_metrics(prefix, start, num_samples=output.num_samples, num_steps=n_batches))
+    metrics.update(trainer._memory_stage("eval", start=False))
     return metrics
 
 

@@ -85,6 +85,7 @@ class TrainingLoop:
     def run(self, resume_from_checkpoint: str | bool | None, ignore_keys_for_eval: list[str] | None) -> TrainOutput:
         trainer, args, acc = self.trainer, self.args, self.accelerator
         from .checkpoints import CheckpointStore, load_training_state
+        from .session_state import replay_edits
 
         store = CheckpointStore(args.output_dir)
         checkpoint = store.resolve_resume(resume_from_checkpoint) if resume_from_checkpoint else None
@@ -113,6 +114,7 @@ class TrainingLoop:
             load_training_state(trainer, checkpoint)
             state = trainer.state
             state.max_steps = max_steps
+            replay_edits(trainer)  # a live max_steps edit outlives the restart
         if acc.is_main_process:
             store.clean_temporaries()
 
@@ -121,6 +123,7 @@ class TrainingLoop:
         self.last_logged = state.global_step
         self.grad_norm: torch.Tensor | None = None
         self._tokens = torch.zeros((), dtype=torch.long, device=acc.device)
+        trainer._memory_stage("train", start=True)
         start_time = time.perf_counter()
         start_step = state.global_step
         control = trainer.callback_handler.on_train_begin(args, state, trainer.control)
@@ -182,6 +185,7 @@ class TrainingLoop:
             if not micro:
                 break
             num_items = self._count_items(micro)
+            trainer.last_inputs = micro[-1]  # for inspection while paused (a reference, no copy)
             trainer.control = handler.on_step_begin(args, state, trainer.control)
             last = len(micro) - 1
             for i, inputs in enumerate(micro):
@@ -294,6 +298,8 @@ class TrainingLoop:
         metrics = speed_metrics("train", start_time, num_samples=samples, num_steps=done)
         metrics["total_flos"] = float(state.total_flos)
         metrics["train_loss"] = train_loss
+        metrics.update(trainer._init_memory_metrics)
+        metrics.update(trainer._memory_stage("train", start=False))
         if args.load_best_model_at_end and state.best_model_checkpoint is not None:
             from .checkpoints import load_best_model
 

@@ -102,6 +102,12 @@ class Trainer:
         self.args = args if args is not None else TrainingArguments("tmp_trainer")
         set_seed(self.args.seed, deterministic=self.args.full_determinism)
         self.accelerator = _make_accelerator(self.args)
+        self._memory = None
+        if not self.args.skip_memory_metrics:
+            from .memory import StageMemoryTracker
+
+            self._memory = StageMemoryTracker(self.accelerator.device)
+            self._memory.start("init")
         self.model_init = model_init
         if model is None:
             if model_init is None:
@@ -149,6 +155,16 @@ class Trainer:
         self.control = TrainerControl()
         self._inspect_model()
         self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
+        self._init_memory_metrics = self._memory.stop("init") if self._memory else {}
+
+    def _memory_stage(self, stage: str, start: bool) -> dict[str, int]:
+        """Start or stop HF's per-stage memory metrics (skip_memory_metrics=False)."""
+        if self._memory is None:
+            return {}
+        if start:
+            self._memory.start(stage)
+            return {}
+        return self._memory.stop(stage)
 
     # -- model facts ---------------------------------------------------------------------
 

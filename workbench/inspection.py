@@ -1,0 +1,92 @@
+"""Looking inside a paused run: per-layer statistics and samples from a causal LM.
+
+These read the model's tensors, so they host-sync freely; they are meant for a paused
+run (or the end of one), never for the training hot path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+__all__ = ["inspect_model", "sample_text"]
+
+
+def _optimizer_update(optimizer: Any, param: torch.nn.Parameter, lr: float) -> torch.Tensor | None:
+    """The size of the step Adam-like optimizers take for ``param`` (from their moments)."""
+    state = getattr(optimizer, "state", {}).get(param)
+    if not state or "exp_avg" not in state or "exp_avg_sq" not in state:
+        return None
+    return lr * state["exp_avg"] / (state["exp_avg_sq"].sqrt() + 1e-8)
+
+
+@torch.no_grad()
+def inspect_model(trainer: "Trainer") -> dict[str, Any]:
+    """A report for the inspect views: one row per parameter tensor, plus learning rates
+    and the shapes of the last batch.
+
+    Rows hold ``param_norm``, ``grad_norm`` (None after zero_grad), ``update_ratio`` (the
+    optimizer's next step size relative to the weights; None for optimizers without
+    moments), ``nan`` and ``inf`` counts.
+    """
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    lrs = trainer.get_learning_rates() if trainer.optimizer is not None else []
+    lr_of = {}
+    if optimizer is not None:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                lr_of[p] = group["lr"]
+    rows = []
+    for name, p in model.named_parameters():
+        data = p.detach().float()
+        grad = p.grad.detach().float() if p.grad is not None else None
+        update = _optimizer_update(optimizer, p, lr_of.get(p, 0.0)) if optimizer is not None else None
+        pnorm = data.norm().item()
+        rows.append({
+            "name": name,
+            "shape": tuple(p.shape),
+            "param_norm": pnorm,
+            "grad_norm": grad.norm().item() if grad is not None else None,
+            "update_ratio": (update.float().norm().item() / pnorm) if update is not None and pnorm > 0 else None,
+            "nan": int(torch.isnan(data).sum().item()) + (int(torch.isnan(grad).sum().item()) if grad is not None else 0),
+            "inf": int(torch.isinf(data).sum().item()) + (int(torch.isinf(grad).sum().item()) if grad is not None else 0),
+            "trainable": p.requires_grad,
+        })
+    batch = getattr(trainer, "last_inputs", None)
+    shapes = {}
+    if isinstance(batch, dict):
+        shapes = {k: tuple(v.shape) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    return {"step": trainer.state.global_step, "layers": rows, "learning_rates": lrs, "batch_shapes": shapes}
+
+
+def sample_text(trainer: "Trainer", prompt: str, max_new_tokens: int = 64, temperature: float = 0.8,
+                top_k: int | None = 20, seed: int = 0) -> str:
+    """Generate a continuation of ``prompt`` with the model and the trainer's processing class."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    tokenizer = trainer.processing_class
+    if tokenizer is None or not hasattr(model, "generate"):
+        raise ValueError("sampling needs a causal LM with generate() and a processing_class (tokenizer)")
+    encoded = tokenizer(prompt)
+    ids = encoded["input_ids"] if isinstance(encoded, dict) else encoded.input_ids
+    ids = torch.as_tensor(ids, dtype=torch.long, device=trainer.accelerator.device)
+    if ids.dim() == 1:
+        ids = ids.unsqueeze(0)
+    was_training = model.training
+    model.eval()
+    try:
+        generator = torch.Generator(device=ids.device).manual_seed(seed)
+        try:
+            out = model.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                 generator=generator)
+        except TypeError:  # transformers' generate takes no generator
+            out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
+                                 temperature=temperature or 1.0, top_k=top_k)
+    finally:
+        model.train(was_training)
+    new = out[0, ids.shape[1]:].tolist()
+    return tokenizer.decode(new)

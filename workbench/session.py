@@ -1,0 +1,559 @@
+"""Session: train in a background thread, and pause, inspect, edit, save or evaluate it.
+
+The worker thread runs ``trainer.train()``. Commands from any thread go on a queue; a
+``SessionCallback`` drains it at step boundaries and turns commands into
+``TrainerControl`` flags, the same path every HF callback uses. Pausing blocks the worker
+at the start of the next step; while it is blocked, inspection and evaluation run in the
+caller's thread, with every RNG state saved and restored so the resumed run stays bitwise
+equal to one never paused. Front-ends read ``snapshot()`` (immutable, swapped atomically)
+and ``events()``; they never touch the trainer.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .callbacks import TrainerCallback
+from .session_state import EDITABLE, SeriesStore, SessionEvent, Snapshot, apply_edit, rng_preserved
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+__all__ = ["Session", "Snapshot", "SessionEvent"]
+
+_TERMINAL = ("finished", "stopped", "failed")
+
+
+@dataclass(frozen=True)
+class _Command:
+    kind: str  # "save" | "evaluate" | "set"
+    future: Future = field(default_factory=Future, compare=False)
+    changes: dict[str, Any] = field(default_factory=dict)
+
+
+class SessionCallback(TrainerCallback):
+    """The Session's hands inside the loop: applies commands at safe points, records series."""
+
+    def __init__(self, session: "Session") -> None:
+        self.session = session
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.session._on_train_begin(state)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.session._maybe_block()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.session._drain(control)
+        self.session._tick(state)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.session._on_log(state, logs or {})
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        self.session._set_status("evaluating", only_from=("running",))
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.session._on_evaluate(state, metrics or {})
+
+    def on_save(self, args, state, control, **kwargs):
+        self.session._on_save(state)
+
+
+class Session:
+    """A training run you can watch and steer from notebooks, terminals and scripts."""
+
+    def __init__(self, trainer: "Trainer", resume_from_checkpoint: str | bool | None = None,
+                 origin: dict[str, Any] | None = None) -> None:
+        self.trainer = trainer
+        self._resume = resume_from_checkpoint
+        self.origin = origin  # where a branched run came from
+        self._commands: queue.Queue[_Command] = queue.Queue()
+        self._lock = threading.RLock()
+        self._pause_requested = threading.Event()
+        self._unpaused = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._status = "idle"
+        self._series = SeriesStore()
+        self._subscribers: list[queue.Queue] = []
+        self._edits: list[dict[str, Any]] = []
+        self._started_at: float | None = None
+        self._start_step = 0
+        self._last_tick = 0.0
+        self._pending_saves: list[Future] = []
+        self._pending_evals: list[Future] = []
+        self._memory: Any = None
+        self._memory_at = 0.0
+        self._catalog: tuple = ()
+        self._snapshot = Snapshot.empty()
+        trainer.add_callback(SessionCallback(self))
+
+    # -- construction ----------------------------------------------------------------
+
+    @classmethod
+    def from_config(cls, path: str | Path, overrides: Any = None, resume_from_checkpoint: str | bool | None = None) -> "Session":
+        """A Session for the run a config file describes (same validation as the CLI)."""
+        from .build import build_trainer
+        from .config import load_config, write_resolved_config
+
+        run = load_config(path, overrides)
+        trainer = build_trainer(run)
+        Path(run.training.output_dir).mkdir(parents=True, exist_ok=True)
+        write_resolved_config(run, run.training.output_dir)
+        session = cls(trainer, resume_from_checkpoint=resume_from_checkpoint)
+        session.run_config = run
+        return session
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> "Session":
+        """Start training in a background thread and return at once."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                raise RuntimeError("this session is already running; pause(), stop() or wait() for it")
+            self._error = None
+            self._set_status("running")
+            self._thread = threading.Thread(target=self._work, name="workbench-train", daemon=True)
+            self._thread.start()
+        return self
+
+    def _work(self) -> None:
+        try:
+            self.trainer.train(resume_from_checkpoint=self._resume)
+        except BaseException as exc:  # noqa: BLE001 - surfaced through status, snapshot and wait()
+            self._error = exc
+            self._set_status("failed")
+            self._emit("failed", error=f"{type(exc).__name__}: {exc}")
+        else:
+            stopped = self.trainer.stop_request.is_set() or self.trainer.state.global_step < self.trainer.state.max_steps
+            self._set_status("stopped" if stopped else "finished")
+            self._emit("finished", stopped=stopped)
+        finally:
+            self._fail_pending()
+            self._publish()
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Block until the run ends (or ``timeout``); re-raise its error. Returns the status.
+
+        Interrupting the kernel (KeyboardInterrupt) while waiting pauses the run and returns,
+        instead of killing training.
+        """
+        thread = self._thread
+        if thread is None:
+            return self.status
+        try:
+            thread.join(timeout)
+        except KeyboardInterrupt:
+            self.pause()
+            return self.status
+        if self._error is not None and not thread.is_alive():
+            raise self._error
+        return self.status
+
+    @property
+    def status(self) -> str:
+        """idle, running, pausing, paused, evaluating, saving, stopping, finished, stopped or failed."""
+        return self._status
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception that ended the run, if it failed."""
+        return self._error
+
+    # -- commands ----------------------------------------------------------------------
+
+    def pause(self, wait: bool = False, timeout: float | None = None) -> str:
+        """Pause at the next step boundary ("pausing" until then; wait=True blocks until "paused")."""
+        with self._lock:
+            if self._status in _TERMINAL or self._status == "idle":
+                return self._status
+            self._pause_requested.set()
+            if self._status != "paused":
+                self._set_status("pausing")
+        if wait:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while self._status not in ("paused", *_TERMINAL):
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+                time.sleep(0.005)
+        return self._status
+
+    def resume(self) -> str:
+        """Continue a paused run with exactly the state it had."""
+        with self._lock:
+            self._pause_requested.clear()
+            if self._status in ("paused", "pausing"):
+                self._set_status("running")
+                self._emit("resumed")
+            self._unpaused.notify_all()
+        return self._status
+
+    def stop(self, save: bool = True) -> str:
+        """Stop at the next safe point (step end or evaluation batch), saving a checkpoint first."""
+        with self._lock:
+            if self._status in _TERMINAL or self._status == "idle":
+                return self._status
+            self.trainer.stop_request.set("session", save=save)
+            self._set_status("stopping")
+            self._pause_requested.clear()
+            self._unpaused.notify_all()
+        return self._status
+
+    def save(self) -> Future | Path:
+        """Save a checkpoint: at once when paused (returns its path), else at the next step end (a Future)."""
+        with self._lock:
+            if self._status == "paused":
+                return self._save_now()
+            if self._status in _TERMINAL or self._status == "idle":
+                raise RuntimeError(f"cannot save: the session is {self._status}")
+            command = _Command("save")
+            self._commands.put(command)
+            return command.future
+
+    def evaluate(self) -> Future | dict[str, float]:
+        """Evaluate: in this thread when paused (returns metrics), else at the next step end (a Future)."""
+        with self._lock:
+            if self._status in ("paused", "idle", *_TERMINAL):
+                return self._evaluate_now()
+            command = _Command("evaluate")
+            self._commands.put(command)
+            return command.future
+
+    def set(self, **changes: Any) -> Future | dict[str, Any]:
+        """Change hyperparameters live: learning_rate, lr_scale, max_steps, num_train_epochs,
+        logging_steps, eval_steps, save_steps. Applied at once when paused, else at the next
+        step end (a Future). Invalid names or values raise ValueError here, before queuing."""
+        for key, value in changes.items():
+            if key not in EDITABLE:
+                raise ValueError(f"{key}: not editable live; editable: {', '.join(EDITABLE)}")
+            EDITABLE[key](value)
+        with self._lock:
+            if self._status in ("paused", "idle"):
+                return self._apply_edits(changes)
+            if self._status in _TERMINAL:
+                raise RuntimeError(f"cannot edit: the session is {self._status}")
+            command = _Command("set", changes=dict(changes))
+            self._commands.put(command)
+            return command.future
+
+    def resume_from(self, checkpoint: str | Path) -> "Session":
+        """Restart this session's run from a catalog checkpoint (the current run must be stopped)."""
+        self._require_not_running("resume_from")
+        self._resume = str(checkpoint)
+        self._series = SeriesStore()
+        self._emit("resume_from", checkpoint=str(checkpoint))
+        return self.start()
+
+    def branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> "Session":
+        """A new Session that starts from ``checkpoint`` into ``output_dir`` with changed arguments."""
+        self._require_not_running("branch")
+        import dataclasses
+
+        from .trainer import Trainer
+
+        old = self.trainer
+        args = dataclasses.replace(old.args, output_dir=str(output_dir), **overrides)
+        model = old.accelerator.unwrap_model(old.model)
+        user_callbacks = [cb for cb in old.callback_handler.callbacks if type(cb).__module__.split(".")[0] != "workbench"]
+        trainer = Trainer(model=model, args=args, data_collator=old.data_collator, train_dataset=old.train_dataset,
+                          eval_dataset=old.eval_dataset, processing_class=old.processing_class,
+                          compute_loss_func=old.compute_loss_func, compute_metrics=old.compute_metrics,
+                          callbacks=user_callbacks, preprocess_logits_for_metrics=old.preprocess_logits_for_metrics)
+        origin = {"checkpoint": str(Path(checkpoint).resolve()), "overrides": overrides,
+                  "parent_output_dir": str(Path(old.args.output_dir).resolve())}
+        branch = Session(trainer, resume_from_checkpoint=str(checkpoint), origin=origin)
+        from .tracking import EventLog
+
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        EventLog(output_dir).write("branch", 0, **origin)
+        return branch
+
+    def _require_not_running(self, what: str) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError(f"{what}: stop the current run first (session.stop(); session.wait())")
+
+    # -- inspection ------------------------------------------------------------------------
+
+    @property
+    def model(self) -> Any:
+        """The model being trained (inspect it while paused)."""
+        return self.trainer.accelerator.unwrap_model(self.trainer.model)
+
+    @property
+    def last_batch(self) -> Any:
+        """The inputs of the most recent micro-batch (inspect them while paused)."""
+        return getattr(self.trainer, "last_inputs", None)
+
+    @property
+    def checkpoints(self) -> list:
+        """The checkpoint catalog of this run's output_dir (same rows as the dashboard)."""
+        from .checkpoints import CheckpointStore
+
+        return CheckpointStore(self.trainer.args.output_dir).list()
+
+    def inspect(self) -> dict[str, Any]:
+        """Per-layer parameter/gradient norms, update ratios, NaN/Inf counts and current LRs."""
+        from .inspection import inspect_model
+
+        with self._lock:
+            return inspect_model(self.trainer)
+
+    def sample(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, top_k: int | None = 20,
+               seed: int = 0) -> str:
+        """Text generated by the paused causal LM from ``prompt`` (RNG state preserved)."""
+        from .inspection import sample_text
+
+        with self._lock, rng_preserved():
+            return sample_text(self.trainer, prompt, max_new_tokens, temperature, top_k, seed)
+
+    def memory(self) -> Any:
+        """A fresh memory report (parameters, gradients, optimizer state, device and host)."""
+        from .memory import memory_report
+
+        return memory_report(self.model, self.trainer.optimizer, self.trainer.accelerator.device)
+
+    # -- snapshot and events -------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """The latest immutable view of the run (cheap: no locking, no device access)."""
+        return self._snapshot
+
+    def subscribe(self, maxsize: int = 10_000) -> queue.Queue:
+        """A queue receiving every SessionEvent from now on (oldest dropped when full)."""
+        q: queue.Queue = queue.Queue(maxsize=maxsize)
+        with self._lock:
+            self._subscribers.append(q)
+        return q
+
+    def unsubscribe(self, q: queue.Queue) -> None:
+        """Stop delivering events to ``q``."""
+        with self._lock:
+            if q in self._subscribers:
+                self._subscribers.remove(q)
+
+    def events(self, timeout: float | None = None) -> Iterator[SessionEvent]:
+        """Iterate over events as they happen until the run ends (or nothing arrives for ``timeout``)."""
+        q = self.subscribe()
+        try:
+            while True:
+                try:
+                    event = q.get(timeout=timeout if timeout is not None else 0.25)
+                except queue.Empty:
+                    if timeout is not None or self._status in _TERMINAL or self._status == "idle":
+                        return
+                    continue
+                yield event
+                if event.kind in ("finished", "failed"):
+                    return
+        finally:
+            self.unsubscribe(q)
+
+    def panel(self) -> Any:
+        """The Jupyter panel for this session (needs ipywidgets)."""
+        from workbench.widgets.notebook import Panel
+
+        return Panel(self)
+
+    # -- worker-side hooks (called from SessionCallback) ----------------------------------------------
+
+    def _on_train_begin(self, state) -> None:
+        self._started_at = time.perf_counter()
+        self._start_step = state.global_step
+        self._refresh_catalog()
+        self._emit("started", max_steps=state.max_steps)
+
+    def _refresh_catalog(self) -> None:
+        try:
+            self._catalog = tuple(self.checkpoints)
+        except OSError:
+            pass
+
+    def _maybe_block(self) -> None:
+        if not self._pause_requested.is_set():
+            return
+        with self._lock:
+            if not self._pause_requested.is_set():
+                return
+            self._set_status("paused")
+            self._emit("paused")
+            paused_at = time.perf_counter()
+            while self._pause_requested.is_set() and not self.trainer.stop_request.is_set():
+                self._unpaused.wait(0.5)
+            # Time spent paused is not training time: keep throughput and ETA honest.
+            if self._started_at is not None:
+                self._started_at += time.perf_counter() - paused_at
+            if self._status == "paused":
+                self._set_status("running")
+
+    def _drain(self, control) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if command.kind == "set":
+                try:
+                    command.future.set_result(self._apply_edits(command.changes))
+                except Exception as exc:  # noqa: BLE001 - reported to the caller
+                    command.future.set_exception(exc)
+            elif command.kind == "save":
+                control.should_save = True
+                self._pending_saves.append(command.future)
+                self._set_status("saving", only_from=("running",))
+            elif command.kind == "evaluate":
+                control.should_evaluate = True
+                self._pending_evals.append(command.future)
+
+    def _tick(self, state) -> None:
+        now = time.perf_counter()
+        if now - self._last_tick >= 0.1:  # the live view refreshes at most 10 times a second
+            self._last_tick = now
+            if now - self._memory_at >= 1.0:  # memory is sampled, not read per step
+                self._memory_at = now
+                self._memory = self.memory()
+            self._publish()
+
+    def _on_log(self, state, logs: dict[str, Any]) -> None:
+        self._series.add_log(state.global_step, logs)
+        if "loss" in logs:
+            self._emit("logged", **logs)
+        self._publish()
+
+    def _on_evaluate(self, state, metrics: dict[str, Any]) -> None:
+        self._series.add_eval(state.global_step, metrics)
+        futures, self._pending_evals = self._pending_evals, []
+        for f in futures:
+            f.set_result(dict(metrics))
+        self._set_status("running", only_from=("evaluating",))
+        self._emit("evaluated", **metrics)
+        self._publish()
+
+    def _on_save(self, state) -> None:
+        path = Path(self.trainer.args.output_dir) / f"checkpoint-{state.global_step}"
+        futures, self._pending_saves = self._pending_saves, []
+        for f in futures:
+            f.set_result(path)
+        self._set_status("running", only_from=("saving",))
+        self._refresh_catalog()
+        self._emit("saved", checkpoint=str(path))
+        self._publish()
+
+    def _fail_pending(self) -> None:
+        for f in [*self._pending_saves, *self._pending_evals]:
+            if not f.done():
+                f.set_exception(RuntimeError(f"the run ended ({self._status}) before the command ran"))
+        self._pending_saves, self._pending_evals = [], []
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            command.future.set_exception(RuntimeError(f"the run ended ({self._status}) before the command ran"))
+
+    # -- caller-side actions while paused ------------------------------------------------------------
+
+    def _save_now(self) -> Path:
+        from .checkpoints import save_checkpoint
+
+        trainer = self.trainer
+        with rng_preserved():
+            path = save_checkpoint(trainer)
+        trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
+        return path
+
+    def _evaluate_now(self) -> dict[str, float]:
+        trainer = self.trainer
+        model = trainer.model
+        was_training = model.training
+        with rng_preserved():
+            try:
+                return trainer.evaluate()
+            finally:
+                model.train(was_training)
+
+    def _apply_edits(self, changes: dict[str, Any]) -> dict[str, Any]:
+        trainer = self.trainer
+        applied = {}
+        for key, value in changes.items():
+            applied[key] = apply_edit(trainer, key, value)
+        record = {"step": trainer.state.global_step, "time": time.time(), **applied}
+        trainer.state.live_edits.append(record)
+        self._edits.append(record)
+        from .tracking import EventLog
+
+        if trainer.is_world_process_zero():
+            EventLog(trainer.args.output_dir).write("edit", trainer.state.global_step, **applied)
+        self._emit("edited", **applied)
+        self._publish()
+        return applied
+
+    # -- status, events, snapshot -------------------------------------------------------------------------
+
+    def _set_status(self, status: str, only_from: tuple[str, ...] | None = None) -> None:
+        with self._lock:
+            if only_from is not None and self._status not in only_from:
+                return
+            if self._status == status:
+                return
+            self._status = status
+        self._publish()
+
+    def _emit(self, kind: str, **data: Any) -> None:
+        event = SessionEvent(kind=kind, step=self.trainer.state.global_step, time=time.time(), data=data)
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for q in subscribers:
+            try:
+                q.put_nowait(event)
+            except queue.Full:  # a slow consumer loses its oldest event, never blocks training
+                try:
+                    q.get_nowait()
+                    q.put_nowait(event)
+                except (queue.Empty, queue.Full):
+                    pass
+
+    def _publish(self) -> None:
+        state = self.trainer.state
+        now = time.perf_counter()
+        elapsed = now - self._started_at if self._started_at is not None else 0.0
+        done = state.global_step - self._start_step
+        steps_per_s = done / elapsed if elapsed > 0 and done > 0 else 0.0
+        args = self.trainer.args
+        samples_per_step = (state.train_batch_size or args.per_device_train_batch_size) * args.gradient_accumulation_steps \
+            * self.trainer.accelerator.num_processes
+        remaining = max(state.max_steps - state.global_step, 0)
+        tokens_per_s = None
+        batch = getattr(self.trainer, "last_inputs", None)
+        if isinstance(batch, dict) and hasattr(batch.get("input_ids"), "shape") and batch["input_ids"].dim() == 2:
+            tokens_per_s = steps_per_s * samples_per_step * batch["input_ids"].shape[1]
+        self._snapshot = replace(
+            self._snapshot,
+            status=self._status,
+            step=state.global_step,
+            max_steps=state.max_steps,
+            epoch=state.epoch,
+            elapsed=elapsed,
+            steps_per_second=steps_per_s,
+            samples_per_second=steps_per_s * samples_per_step,
+            tokens_per_second=tokens_per_s,
+            eta=remaining / steps_per_s if steps_per_s > 0 else None,
+            memory=self._memory,
+            checkpoints=self._catalog,
+            series=self._series.frozen(),
+            best_metric=state.best_metric,
+            best_step=state.best_global_step,
+            edits=tuple(dict(e) for e in self._edits),
+            error=f"{type(self._error).__name__}: {self._error}" if self._error is not None else None,
+            run_name=args.run_name,
+            output_dir=str(args.output_dir),
+            device=str(self.trainer.accelerator.device),
+            updated=time.time(),
+        )
