@@ -783,7 +783,8 @@ def test_training_arguments_hf_defaults():
     assert args.per_device_train_batch_size == 8 and args.seed == 42
     assert args.lr_scheduler_type == "linear" and args.max_grad_norm == 1.0
     assert args.report_to == []
-    assert TrainingArguments("x", report_to="all").report_to == ["jsonl"]
+    # "all" means every sink whose package is installed (trackio is a dependency).
+    assert TrainingArguments("x", report_to="all").report_to[:2] == ["jsonl", "trackio"]
     assert TrainingArguments("x", report_to=None).report_to == []
     assert TrainingArguments("x", report_to="jsonl").report_to == ["jsonl"]
     assert TrainingArguments("x", report_to=["none"]).report_to == []

@@ -92,7 +92,7 @@ UNSERVED_FIELDS: dict[str, str] = {
 }
 
 _STEP_FIELDS = ("logging_steps", "eval_steps", "save_steps")
-_REPORT_SINKS = ("jsonl",)  # sinks this build has; "all" means all of these
+_REPORT_SINKS = ("jsonl", "trackio", "tensorboard")  # "all" means those installed
 
 
 def _check_steps(name: str, value: float | None) -> None:
@@ -418,7 +418,9 @@ class TrainingArguments:
         if "none" in sinks:
             sinks = []
         elif "all" in sinks:
-            sinks = list(_REPORT_SINKS)
+            from .tracking import available_sinks
+
+            sinks = available_sinks()
         self.report_to = sinks
 
     # -- derived values (read-only, as in HF) ------------------------------------------

@@ -16,7 +16,8 @@ from typing import Any
 
 from .callbacks import TrainerCallback
 
-__all__ = ["EventLog", "EventLogCallback", "reporting_callbacks", "read_events"]
+__all__ = ["EventLog", "EventLogCallback", "TrackioCallback", "TensorBoardCallback", "reporting_callbacks",
+           "read_events", "available_sinks", "SINKS"]
 
 EVENTS_FILE = "events.jsonl"
 
@@ -113,6 +114,91 @@ class EventLogCallback(TrainerCallback):
                       traceback="".join(traceback.format_exception(error)))
 
 
+class TrackioCallback(TrainerCallback):
+    """``report_to="trackio"``: project, run name and arguments at start, then every log and
+    evaluation. Without a Space it writes trackio's local store (works offline)."""
+
+    def __init__(self) -> None:
+        self._run = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero or self._run is not None:
+            return
+        import trackio
+
+        self._trackio = trackio
+        self._run = trackio.init(project=args.project, name=args.run_name, config=args.to_sanitized_dict(),
+                                 resume="allow", embed=False, auto_log_cpu=False, auto_log_gpu=False)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self._run is None or not logs:
+            return
+        numbers = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self._trackio.log(numbers, step=state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._run is not None:
+            self._trackio.finish()
+            self._run = None
+
+    on_error = on_train_end
+
+
+class TensorBoardCallback(TrainerCallback):
+    """``report_to="tensorboard"``: scalars under ``output_dir/runs`` (needs the tensorboard package)."""
+
+    def __init__(self) -> None:
+        self._writer = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero or self._writer is not None:
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._writer = SummaryWriter(log_dir=str(Path(args.output_dir) / "runs"))
+        self._writer.add_text("args", args.to_json_string())
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self._writer is None or not logs:
+            return
+        for key, value in logs.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                name = key.replace("eval_", "eval/", 1) if key.startswith("eval_") else f"train/{key}"
+                self._writer.add_scalar(name, value, state.global_step)
+        self._writer.flush()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    on_error = on_train_end
+
+
+SINKS: dict[str, tuple[type[TrainerCallback] | None, str | None]] = {
+    "jsonl": (None, None),  # EventLogCallback is always on
+    "trackio": (TrackioCallback, "trackio"),
+    "tensorboard": (TensorBoardCallback, "tensorboard"),
+}
+
+
+def available_sinks() -> list[str]:
+    """Sinks whose package is installed (what report_to="all" means here)."""
+    import importlib.util
+
+    return [name for name, (_, package) in SINKS.items() if package is None or importlib.util.find_spec(package)]
+
+
 def reporting_callbacks(args) -> list[TrainerCallback]:
     """The sinks for ``args.report_to``; the events.jsonl log is always on."""
-    return [EventLogCallback()]
+    import importlib.util
+
+    callbacks: list[TrainerCallback] = [EventLogCallback()]
+    for name in args.report_to:
+        cls, package = SINKS[name]
+        if cls is None:
+            continue
+        if package and importlib.util.find_spec(package) is None:
+            raise ValueError(f"report_to: {name!r} needs the {package} package (pip install {package})")
+        callbacks.append(cls())
+    return callbacks
