@@ -629,3 +629,71 @@ def test_line_locator_handles_headers_inline_tables_and_strings():
     assert lines[("data", "quoted.key", "inner")] == 8 and lines[("data", "arr")] == 9
     assert lines[("cbs", "name")] == 14 and lines[("training", "learning_rate")] == 16
     assert line_of(lines, ("training", "missing")) == 15 and line_of(lines, ("nothing",)) is None
+
+
+# -- data preparation keys (columns, text_column, tokenizer, max_length, packing) ----------
+
+DATA_TRAIN = '[model]\nbuiltin = "tiny-gpt"\n[data]\ntrain = { path = "json", data_files = "t.jsonl" }\n'  # 4 lines
+
+
+def test_data_preparation_keys_are_read_and_paths_resolved(tmp_path):
+    (tmp_path / "t.jsonl").write_text('{"body": "x"}\n')
+    (tmp_path / "tok").mkdir()
+    p = write(tmp_path, DATA_TRAIN + 'columns = { body = "text" }\ntext_column = "text"\ntokenizer = "char"\n'
+                        'max_length = 64\npacking = true\n')
+    data = load_config(p).data
+    assert (data.columns, data.text_column, data.tokenizer, data.max_length, data.packing) == (
+        {"body": "text"}, "text", "char", 64, True)
+    defaults = load_config(write(tmp_path, DATA_TRAIN)).data
+    assert (defaults.columns, defaults.text_column, defaults.tokenizer, defaults.max_length, defaults.packing) == (
+        {}, None, None, None, False)
+
+
+@pytest.mark.parametrize("lines,message", [
+    ('columns = { body = 3 }\n', "5: data.columns.body: expected the new column name (a non-empty string), got 3 (an integer)"),
+    ('text_column = "t"\nmax_length = 0\n', "6: data.max_length: expected a positive integer (tokens), got 0 (an integer)"),
+    ('text_column = "t"\nmax_length = "64"\n', '6: data.max_length: expected a positive integer (tokens), got "64" (a string)'),
+    ('text_column = "t"\npacking = "yes"\n', '6: data.packing: expected true or false, got "yes" (a string)'),
+    ('text_column = "t"\npacking = true\n', "6: data.packing: needs max_length (the block size in tokens)"),
+    ('max_length = 64\n', "5: data.max_length: applies when tokenizing: set text_column (the column of text to tokenize)"),
+    ('tokenizer = "nowhere"\n', "5: data.tokenizer: folder 'nowhere' does not exist; use \"char\" for the built-in "
+                                "character tokenizer or a local transformers tokenizer folder"),
+    ('text_colum = "t"\n', "5: data.text_colum: unknown key (did you mean text_column?)"),
+])
+def test_data_preparation_key_errors_are_located(tmp_path, lines, message):
+    (tmp_path / "t.jsonl").write_text('{"body": "x"}\n')
+    p = write(tmp_path, DATA_TRAIN + lines)
+    assert error_of(p) == f"{p}:{message}"
+
+
+def test_data_preparation_keys_cannot_go_with_builtin_data(tmp_path):
+    p = write(tmp_path, HEAD + 'text_column = "text"\n')
+    assert error_of(p) == (f"{p}:6: data.text_column: cannot be combined with builtin (builtin data sets come "
+                           "tokenized)")
+
+
+def test_tokenizer_folder_needs_transformers(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is not None:
+        pytest.skip("transformers is installed")
+    (tmp_path / "t.jsonl").write_text('{"body": "x"}\n')
+    (tmp_path / "tok").mkdir()
+    p = write(tmp_path, DATA_TRAIN + 'tokenizer = "tok"\n')
+    assert error_of(p) == (f"{p}:5: data.tokenizer: a tokenizer folder needs the transformers package "
+                           "(pip install 'workbench[hf]'); or use tokenizer = \"char\"")
+
+
+def test_missing_data_file_given_as_path_is_located(tmp_path):
+    p = write(tmp_path, '[model]\nbuiltin = "tiny-gpt"\n[data]\ntrain = { path = "data/nope.jsonl" }\n')
+    assert error_of(p) == (f"{p}:4: data.train.path: file 'data/nope.jsonl' does not exist "
+                           f"(looked for {tmp_path / 'data' / 'nope.jsonl'})")
+
+
+def test_new_sampling_strategies_are_accepted_and_typos_located(tmp_path):
+    for strategy in ("group_by_length", "batch_rebalance"):
+        p = write(tmp_path, HEAD + f'[training]\ntrain_sampling_strategy = "{strategy}"\n')
+        assert load_config(p).training.train_sampling_strategy == strategy
+    p = write(tmp_path, HEAD + '[training]\ntrain_sampling_strategy = "by_length"\n')
+    assert error_of(p) == (f"{p}:7: training.train_sampling_strategy: 'by_length' is not one of: random, "
+                           "sequential, group_by_length, batch_rebalance")

@@ -834,7 +834,7 @@ CORE_MODULES = ["workbench", "workbench.args", "workbench.callbacks", "workbench
                 "workbench.cli", "workbench.data", "workbench.losses", "workbench.optim", "workbench.tracking",
                 "workbench.metrics", "workbench.models", "workbench.collators", "workbench.samplers",
                 "workbench.trainer_utils"]
-FRONT_ENDS = ("textual", "ipywidgets", "plotext", "transformers")
+FRONT_ENDS = ("textual", "ipywidgets", "bqplot", "plotly", "plotext", "transformers")
 
 # One probe interpreter imports the heavy third-party libraries once (after checking they pull
 # in no front-end), then forks a fresh child per core module: each child starts without any

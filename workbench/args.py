@@ -285,10 +285,11 @@ class TrainingArguments:
         self.save_strategy = pick("save_strategy", SaveStrategy)
         self.lr_scheduler_type = pick("lr_scheduler_type", SchedulerType)
         self.optim = pick("optim", OptimizerNames)
-        if self.train_sampling_strategy not in ("random", "sequential"):
+        strategies = ("random", "sequential", "group_by_length", "batch_rebalance")
+        if self.train_sampling_strategy not in strategies:
             raise ArgumentError(
                 "train_sampling_strategy",
-                f"{self.train_sampling_strategy!r} is not one of: random, sequential",
+                f"{self.train_sampling_strategy!r} is not one of: {', '.join(strategies)}",
             )
         tokens = self.include_num_input_tokens_seen
         if isinstance(tokens, bool):
@@ -404,6 +405,14 @@ class TrainingArguments:
                 raise ArgumentError("dataloader_prefetch_factor", "only applies with dataloader_num_workers > 0")
             if self.dataloader_persistent_workers:
                 raise ArgumentError("dataloader_persistent_workers", "only applies with dataloader_num_workers > 0")
+            if self.dataloader_multiprocessing_context is not None:
+                raise ArgumentError("dataloader_multiprocessing_context", "only applies with dataloader_num_workers > 0")
+        if self.dataloader_prefetch_factor is not None and self.dataloader_prefetch_factor < 1:
+            raise ArgumentError("dataloader_prefetch_factor", f"must be >= 1, got {self.dataloader_prefetch_factor}")
+        contexts = ("fork", "spawn", "forkserver")
+        if self.dataloader_multiprocessing_context not in (None, *contexts):
+            raise ArgumentError("dataloader_multiprocessing_context",
+                                f"{self.dataloader_multiprocessing_context!r} is not one of: {', '.join(contexts)}")
 
     def _normalize_reporting(self) -> None:
         sinks = self.report_to

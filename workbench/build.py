@@ -15,8 +15,13 @@ __all__ = ["build_model", "build_datasets", "build_trainer"]
 
 
 def _builtin_tokenizer(run: RunConfig) -> Any:
+    """The tokenizer of the run's data: the builtin set's, or the one ``[data]`` tokenizes with."""
     if run.data.builtin is None:
-        return None
+        if run.data.tokenizer is None and run.data.text_column is None:
+            return None
+        from .datasets_io import run_tokenizer
+
+        return run_tokenizer(run)
     from .data import builtin_tokenizer
 
     return builtin_tokenizer(run.data.builtin)
@@ -32,9 +37,11 @@ def build_model(run: RunConfig) -> Any:
         params = inspect.signature(BUILTIN_MODELS[spec.builtin]).parameters
         tokenizer = _builtin_tokenizer(run)
         if tokenizer is not None and "vocab_size" in params:
-            options.setdefault("vocab_size", tokenizer.vocab_size)
+            options.setdefault("vocab_size", len(tokenizer) if hasattr(tokenizer, "__len__") else tokenizer.vocab_size)
         if "block_size" in params and "block_size" in run.data.options:
             options.setdefault("block_size", run.data.options["block_size"])
+        if "block_size" in params and run.data.max_length:
+            options.setdefault("block_size", run.data.max_length)
         return build_builtin_model(spec.builtin, **options)
     if spec.factory is not None:
         return spec.factory_fn(**options)
@@ -56,30 +63,45 @@ def _load_pretrained(path: str, options: dict[str, Any]) -> Any:
     return cls.from_pretrained(path, local_files_only=True, **options)
 
 
-def build_datasets(run: RunConfig) -> tuple[Any, Any]:
-    """(train, eval) datasets: a builtin set, or ``datasets.load_dataset`` results."""
+def build_datasets(run: RunConfig, *, progress: bool = True) -> tuple[Any, Any]:
+    """(train, eval) datasets: a builtin set, or ``[data]`` loaded and prepared by
+    :func:`workbench.datasets_io.load_run_data` (``progress``: datasets' progress bars)."""
     data = run.data
     if data.builtin is not None:
         from .data import load_builtin_data
 
         return load_builtin_data(data.builtin, **data.options)
-    import datasets
+    from .datasets_io import load_run_data
 
-    def load(kwargs: dict[str, Any]) -> Any:
-        kwargs = dict(kwargs)
-        kwargs.setdefault("split", "train")
-        return datasets.load_dataset(**kwargs)
-
-    train = load(data.train) if data.train else None
-    evaluation = None
-    if data.eval:
-        named = all(isinstance(v, dict) for v in data.eval.values())
-        evaluation = {name: load(t) for name, t in data.eval.items()} if named else load(data.eval)
-    return train, evaluation
+    loaded = load_run_data(run, progress=progress)
+    return loaded.train, loaded.eval
 
 
-def build_trainer(run: RunConfig, callbacks: list[Any] | None = None) -> Any:
-    """A Trainer for ``run`` with its model, data, hooks and extra ``callbacks``."""
+def _default_collator(run: RunConfig, model: Any, tokenizer: Any) -> Any:
+    """For tokenized ``[data]``: the collator the model's kind needs (HF scripts pick these by
+    hand); None leaves the Trainer's default (padding, from the processing class)."""
+    if run.data.text_column is None or tokenizer is None or model is None:
+        return None
+    from . import collators, losses
+
+    kind = losses.model_kind(model)
+    if kind == "ForCausalLM":
+        return collators.DataCollatorForLanguageModeling(tokenizer, mlm=False)
+    if kind == "ForMaskedLM":
+        seed = run.training.data_seed if run.training.data_seed is not None else run.training.seed
+        return collators.DataCollatorForLanguageModeling(tokenizer, mlm=True, seed=seed)
+    if kind == "ForTokenClassification":
+        return collators.DataCollatorForTokenClassification(tokenizer)
+    if kind in ("ForConditionalGeneration", "ForSeq2SeqLM"):
+        return collators.DataCollatorForSeq2Seq(tokenizer, model=model)
+    return None
+
+
+def build_trainer(run: RunConfig, callbacks: list[Any] | None = None, *, progress: bool = True) -> Any:
+    """A Trainer for ``run`` with its model, data, hooks and extra ``callbacks``.
+
+    ``progress`` shows datasets' progress bars while loading and tokenizing (headless CLI).
+    """
     from .trainer import Trainer
     from .trainer_utils import set_seed
 
@@ -88,14 +110,19 @@ def build_trainer(run: RunConfig, callbacks: list[Any] | None = None) -> Any:
     hook_callbacks = list(hooks.pop("callbacks", None) or [])
     model_init = hooks.pop("model_init", None)
     model = None if model_init is not None else build_model(run)
-    train, evaluation = build_datasets(run)
+    train, evaluation = build_datasets(run, progress=progress)
+    tokenizer = _builtin_tokenizer(run)
+    if "data_collator" not in hooks:
+        collator = _default_collator(run, model, tokenizer)
+        if collator is not None:
+            hooks["data_collator"] = collator
     return Trainer(
         model=model,
         model_init=model_init,
         args=run.training,
         train_dataset=train,
         eval_dataset=evaluation,
-        processing_class=_builtin_tokenizer(run),
+        processing_class=tokenizer,
         callbacks=hook_callbacks + list(callbacks or []),
         **hooks,
     )

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .trainer_utils import PREFIX_CHECKPOINT_DIR
+from .trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_model
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -98,32 +99,53 @@ class CheckpointStore:
 
     def publish(self, step: int, write: Callable[[Path], None]) -> Path:
         """Have ``write`` fill a temporary folder, seal it with a manifest, rename it in place."""
-        self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".tmp-{PREFIX_CHECKPOINT_DIR}-{step}"
         final = self.root / f"{PREFIX_CHECKPOINT_DIR}-{step}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if tmp.is_dir() and not tmp.is_symlink():
+                shutil.rmtree(tmp)
+            elif tmp.exists() or tmp.is_symlink():
+                tmp.unlink()
+            tmp.mkdir()
+        except OSError as exc:
+            raise OSError(f"saving {final.name}: cannot write into the output directory {self.root} "
+                          f"({exc.strerror or exc}); the earlier checkpoints there are intact") from exc
         # The reference's sentinel: present while the save runs. Here it never reaches a
         # published folder, since the rename happens only after it is gone.
         sentinel = tmp / SENTINEL
-        sentinel.write_text("this checkpoint is still being written\n", encoding="utf-8")
-        write(tmp)
-        sentinel.unlink()
-        files = {}
-        for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
-            with open(path, "rb+") as f:
+        try:
+            sentinel.write_text("this checkpoint is still being written\n", encoding="utf-8")
+            write(tmp)
+            sentinel.unlink()
+            files = {}
+            for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+                with open(path, "rb+") as f:
+                    os.fsync(f.fileno())
+                files[str(path.relative_to(tmp))] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+            manifest = {"format": 1, "step": step, "created": time.time(), "files": files}
+            with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
+                json.dump(manifest, f, indent=2)
+                f.flush()
                 os.fsync(f.fileno())
-            files[str(path.relative_to(tmp))] = {"size": path.stat().st_size, "sha256": _sha256(path)}
-        manifest = {"format": 1, "step": step, "created": time.time(), "files": files}
-        with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(tmp)
+            _fsync_dir(tmp)
+        except Exception as exc:
+            # A full disk, a quota, a failing device: drop the half-written folder and say
+            # which save failed; nothing published before was touched.
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not isinstance(exc, OSError) and type(exc).__name__ != "SafetensorError":
+                raise  # not a storage problem: a bug shows its own traceback
+            raise OSError(f"saving {final.name} into {self.root} failed ({type(exc).__name__}: {exc}); "
+                          "the earlier checkpoints there are intact and can be resumed from") from exc
         if final.exists():
-            # Re-saving a step (e.g. save at the end after a save at the same step).
-            self._discard(final)
+            # Re-saving a step (e.g. save at the end after a save at the same step): move the
+            # old copy aside and delete it only once the new one is published.
+            trash = final.with_name(f".trash-{final.name}-{time.time_ns()}")
+            os.replace(final, trash)
+            os.replace(tmp, final)
+            _fsync_dir(self.root)
+            shutil.rmtree(trash, ignore_errors=True)
+            return final
         os.replace(tmp, final)
         _fsync_dir(self.root)
         return final
@@ -132,6 +154,19 @@ class CheckpointStore:
         trash = path.with_name(f".trash-{path.name}-{time.time_ns()}")
         os.replace(path, trash)
         shutil.rmtree(trash, ignore_errors=True)
+
+    def delete(self, name: str) -> None:
+        """Delete one checkpoint by folder name; the protected ones (best, newest complete) are refused.
+
+        Renamed to ``.trash-*`` before removal, like rotation, so a crash mid-delete never
+        leaves a half-deleted folder that looks complete.
+        """
+        info = next((c for c in self.list() if c.name == name), None)
+        if info is None:
+            raise ValueError(f"{name}: no such checkpoint in {self.root}")
+        if info.protected:
+            raise ValueError(f"{name} is protected (the best or the newest complete checkpoint)")
+        self._discard(Path(info.path))
 
     def clean_temporaries(self) -> list[str]:
         """Remove leftovers of interrupted saves and deletes; returns their names."""
@@ -172,7 +207,7 @@ class CheckpointStore:
         if not self.root.is_dir():
             return []
         rows = []
-        best_path = None
+        best_by_step: dict[int, str] = {}
         for path in self.root.iterdir():
             match = _NAME.match(path.name)
             if not match or not path.is_dir():
@@ -189,7 +224,8 @@ class CheckpointStore:
                     info.size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
                 state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
                 info.epoch = state.get("epoch")
-                best_path = state.get("best_model_checkpoint") or best_path
+                if state.get("best_model_checkpoint"):
+                    best_by_step[info.step] = state["best_model_checkpoint"]
                 for entry in state.get("log_history", []):
                     if entry.get("step") == info.step:
                         info.metrics.update({k: v for k, v in entry.items()
@@ -199,6 +235,8 @@ class CheckpointStore:
                 info.complete = False
             rows.append(info)
         rows.sort(key=lambda r: r.step)
+        # The newest checkpoint's trainer_state knows the best one (older ones knew less).
+        best_path = best_by_step[max(best_by_step)] if best_by_step else None
         if best_path:
             for row in rows:
                 row.best = Path(row.path).name == Path(best_path).name
@@ -345,7 +383,7 @@ def save_checkpoint(trainer: "Trainer") -> Path | None:
             state.stateful_callbacks[type(cb).__name__] = cb.state()
 
     def write(tmp: Path) -> None:
-        save_model_files(acc.unwrap_model(trainer.model), tmp, trainer.processing_class)
+        save_model_files(unwrap_model(trainer.model), tmp, trainer.processing_class)
         if not args.save_only_model:
             torch.save(trainer.optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(trainer.lr_scheduler.state_dict(), tmp / "scheduler.pt")
@@ -367,7 +405,13 @@ def save_checkpoint(trainer: "Trainer") -> Path | None:
 
 def _load(path: Path) -> Any:
     # Only tensors and plain containers: a pickle that would run code is refused.
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln or "global" in ln.lower()]
+        detail = lines[-1] if lines else str(exc).splitlines()[0]
+        raise ValueError(f"{path}: refused to load: the file holds more than tensors and plain containers "
+                         f"(torch.load weights_only=True: {detail}); it was not unpickled") from exc
 
 
 def _load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
@@ -401,7 +445,7 @@ def load_training_state(trainer: "Trainer", checkpoint: Path) -> None:
     from .callbacks import TrainerState
 
     acc = trainer.accelerator
-    _load_weights(acc.unwrap_model(trainer.model), checkpoint)
+    _load_weights(unwrap_model(trainer.model), checkpoint)
     if (checkpoint / "optimizer.pt").is_file():
         trainer.optimizer.load_state_dict(_load(checkpoint / "optimizer.pt"))
         trainer.lr_scheduler.load_state_dict(_load(checkpoint / "scheduler.pt"))
@@ -428,4 +472,4 @@ def load_best_model(trainer: "Trainer") -> None:
     if not path.is_dir():
         log.warning("best checkpoint %s is gone; keeping the final weights", path)
         return
-    _load_weights(trainer.accelerator.unwrap_model(trainer.model), path)
+    _load_weights(unwrap_model(trainer.model), path)

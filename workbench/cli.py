@@ -160,6 +160,8 @@ def _run(ns: argparse.Namespace) -> int:
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         raise UsageError(f"{config_path}: {exc}") from None
     write_resolved_config(run, output_dir)
+    if not ns.headless and sys.stdout.isatty():
+        return _run_dashboard(trainer, resume, output_dir)
     request = trainer.stop_request
 
     def abort(signum: int) -> None:
@@ -188,6 +190,45 @@ def _run(ns: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     print(f"workbench: finished; files in {output_dir}")
     return EXIT_OK
+
+
+def _run_dashboard(trainer, resume: object, output_dir: Path) -> int:
+    """The dashboard path: a Session trains in its thread while the app owns the terminal.
+
+    The app returns an outcome; its exit code follows DESIGN.md (q then Enter saves and
+    exits 0). Messages are printed after the app has given the terminal back.
+    """
+    from workbench.widgets.tui import OUTCOMES, run_dashboard
+
+    from .session import Session
+
+    from .callbacks import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # the dashboard shows progress; prints would tear it
+    session = Session(trainer, resume_from_checkpoint=resume)
+    outcome = run_dashboard(session)
+    if outcome != "aborted":  # a second ctrl+c means: do not wait for the save
+        try:
+            session.wait()
+        except BaseException:  # noqa: BLE001 - reported below from session.error
+            pass
+    step = session.snapshot().step
+    if outcome == "failed" or session.error is not None:
+        error = session.error
+        if error is not None:
+            traceback.print_exception(error)
+        print(f"workbench: training failed; details in {output_dir / 'events.jsonl'}", file=sys.stderr)
+        return EXIT_FAILED
+    if outcome == "crashed":
+        print(f"workbench: the dashboard failed; the run was stopped at step {step} and saved in {output_dir}",
+              file=sys.stderr)
+    elif outcome in ("saved", "interrupted", "terminated"):
+        print(f"workbench: stopped at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
+    elif outcome in ("stopped", "aborted"):
+        print(f"workbench: stopped at step {step} without saving", file=sys.stderr)
+    else:
+        print(f"workbench: {session.status}; files in {output_dir}")
+    return OUTCOMES.get(outcome, EXIT_FAILED)
 
 
 if __name__ == "__main__":  # pragma: no cover

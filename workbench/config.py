@@ -19,6 +19,7 @@ import functools
 import glob
 import importlib
 import importlib.resources
+import importlib.util
 import inspect
 import os
 import tomllib
@@ -41,7 +42,11 @@ __all__ = [
 
 TOP_KEYS = ("run_name", "model", "data", "training", "hooks")
 MODEL_KEYS = ("builtin", "factory", "pretrained", "options")
-DATA_KEYS = ("builtin", "options", "train", "eval")
+DATA_KEYS = ("builtin", "options", "train", "eval", "columns", "text_column", "tokenizer", "max_length", "packing")
+# [data] keys that prepare datasets-library data; builtin data sets bring their own.
+_PROCESSING_KEYS = ("columns", "text_column", "tokenizer", "max_length", "packing")
+# A data path ending like this is a local file, never a Hub data set name.
+_DATA_FILE_EXTENSIONS = (".json", ".jsonl", ".csv", ".tsv", ".txt", ".parquet", ".arrow")
 HOOK_KEYS = ("compute_loss_func", "compute_metrics", "preprocess_logits_for_metrics",
              "model_init", "data_collator", "callbacks")
 _MODEL_KINDS = ("builtin", "factory", "pretrained")
@@ -93,12 +98,21 @@ class DataSpec:
 
     ``train``/``eval`` are keyword-argument tables for ``datasets.load_dataset``, with local
     paths made absolute; ``eval`` is one table or ``{name: table}`` for several eval sets.
+    ``columns`` renames columns ``{old: new}``; ``text_column`` is tokenized with
+    ``tokenizer`` ("char" or an absolute tokenizer folder; None: the default, see
+    workbench.datasets_io.run_tokenizer), truncated to ``max_length`` tokens, or with
+    ``packing`` cut into ``max_length``-token blocks.
     """
 
     builtin: str | None = None
     options: dict = field(default_factory=dict)
     train: dict | None = None
     eval: dict | None = None
+    columns: dict = field(default_factory=dict)
+    text_column: str | None = None
+    tokenizer: str | None = None
+    max_length: int | None = None
+    packing: bool = False
 
 
 @dataclass
@@ -468,7 +482,55 @@ class _Loader:
             else:
                 evals = self.dataset(("data", "eval"), evals)
             raw["eval"] = evals
-        return DataSpec(builtin=builtin, options=dict(options), train=train, eval=evals), raw
+        processing = self.processing(table, raw)
+        return DataSpec(builtin=builtin, options=dict(options), train=train, eval=evals, **processing), raw
+
+    def processing(self, table: dict, raw: dict) -> dict:
+        """Check the keys that prepare datasets-library data (renames, tokenizing, packing)."""
+        given = [k for k in _PROCESSING_KEYS if k in table]
+        if given and table.get("builtin") is not None:
+            raise self.error(("data", given[0]), "cannot be combined with builtin (builtin data sets come "
+                             "tokenized)")
+        out: dict[str, Any] = {}
+        if "columns" in table:
+            columns = self.table(("data", "columns"), table["columns"])
+            for old, new in columns.items():
+                if not isinstance(new, str) or not new:
+                    raise self.error(("data", "columns", old), f"expected the new column name (a non-empty "
+                                     f"string), got {toml_repr(new)} ({kind_of(new)})")
+            out["columns"] = dict(columns)
+        if "text_column" in table:
+            out["text_column"] = self.string(("data", "text_column"), table["text_column"])
+        if "tokenizer" in table:
+            name = self.string(("data", "tokenizer"), table["tokenizer"])
+            if name != "char":
+                folder = self.path(name)
+                if not os.path.isdir(folder):
+                    raise self.error(("data", "tokenizer"), f'folder {name!r} does not exist; use "char" for '
+                                     "the built-in character tokenizer or a local transformers tokenizer folder")
+                if importlib.util.find_spec("transformers") is None:
+                    raise self.error(("data", "tokenizer"), "a tokenizer folder needs the transformers package "
+                                     "(pip install 'workbench[hf]'); or use tokenizer = \"char\"")
+                raw["tokenizer"] = name = folder
+            out["tokenizer"] = name
+        if "max_length" in table:
+            value = table["max_length"]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise self.error(("data", "max_length"), f"expected a positive integer (tokens), got "
+                                 f"{toml_repr(value)} ({kind_of(value)})")
+            out["max_length"] = value
+        if "packing" in table:
+            if not isinstance(table["packing"], bool):
+                raise self.error(("data", "packing"), f"expected true or false, got {toml_repr(table['packing'])} "
+                                 f"({kind_of(table['packing'])})")
+            out["packing"] = table["packing"]
+        for name in ("max_length", "packing"):
+            if name in table and "text_column" not in table:
+                raise self.error(("data", name), "applies when tokenizing: set text_column (the column of "
+                                 "text to tokenize)")
+        if out.get("packing") and "max_length" not in table:
+            raise self.error(("data", "packing"), "needs max_length (the block size in tokens)")
+        return out
 
     def dataset(self, key: Key, table: Any) -> dict:
         """Check ``datasets.load_dataset`` arguments and make local paths absolute."""
@@ -479,6 +541,8 @@ class _Loader:
         local = self.path(self.string(key + ("path",), out["path"]))
         if os.path.exists(local):
             out["path"] = local
+        elif os.path.splitext(out["path"])[1].lower() in _DATA_FILE_EXTENSIONS:
+            raise self.error(key + ("path",), f"file {out['path']!r} does not exist (looked for {local})")
         if "data_files" in out:
             out["data_files"] = self.data_files(key + ("data_files",), out["data_files"])
         return out

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, has_length, speed_metrics
+from .trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, has_length, speed_metrics, unwrap_model
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -150,7 +150,7 @@ def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction
         num_samples_batch = batch_size
         with precision:
             loss, logits, labels = trainer.prediction_step(model, inputs, loss_only, ignore_keys=ignore_keys)
-        main_input = inputs.get(getattr(trainer.accelerator.unwrap_model(trainer.model), "main_input_name", "input_ids")) \
+        main_input = inputs.get(getattr(unwrap_model(trainer.model), "main_input_name", "input_ids")) \
             if include_inputs and isinstance(inputs, dict) else None
         if loss is not None:
             batch_losses = acc.gather_for_metrics(loss.repeat(batch_size))

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .trainer_utils import unwrap_model
+
 if TYPE_CHECKING:
     from .trainer import Trainer
 
@@ -33,7 +35,7 @@ def inspect_model(trainer: "Trainer") -> dict[str, Any]:
     optimizer's next step size relative to the weights; None for optimizers without
     moments), ``nan`` and ``inf`` counts.
     """
-    model = trainer.accelerator.unwrap_model(trainer.model)
+    model = unwrap_model(trainer.model)
     optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     lrs = trainer.get_learning_rates() if trainer.optimizer is not None else []
     lr_of = {}
@@ -67,7 +69,7 @@ def inspect_model(trainer: "Trainer") -> dict[str, Any]:
 def sample_text(trainer: "Trainer", prompt: str, max_new_tokens: int = 64, temperature: float = 0.8,
                 top_k: int | None = 20, seed: int = 0) -> str:
     """Generate a continuation of ``prompt`` with the model and the trainer's processing class."""
-    model = trainer.accelerator.unwrap_model(trainer.model)
+    model = unwrap_model(trainer.model)
     tokenizer = trainer.processing_class
     if tokenizer is None or not hasattr(model, "generate"):
         raise ValueError("sampling needs a causal LM with generate() and a processing_class (tokenizer)")
@@ -83,7 +85,8 @@ def sample_text(trainer: "Trainer", prompt: str, max_new_tokens: int = 64, tempe
         try:
             out = model.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                                  generator=generator)
-        except TypeError:  # transformers' generate takes no generator
+        except (TypeError, ValueError):  # transformers' generate takes no generator (ValueError: unused model_kwargs)
+            torch.manual_seed(seed)  # its sampling draws from the global RNG; Session.sample restores that
             out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
                                  temperature=temperature or 1.0, top_k=top_k)
     finally:

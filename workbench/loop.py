@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import losses
-from .trainer_utils import TrainOutput, has_length, speed_metrics
+from .trainer_utils import TrainOutput, has_length, speed_metrics, unwrap_model
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -88,9 +90,12 @@ class TrainingLoop:
         from .session_state import replay_edits
 
         store = CheckpointStore(args.output_dir)
+        if acc.is_main_process:
+            _check_writable(store.root)
         checkpoint = store.resolve_resume(resume_from_checkpoint) if resume_from_checkpoint else None
         loader = trainer.get_train_dataloader()
         max_steps, num_epochs, updates_per_epoch = self._plan(loader)
+        trainer._updates_per_epoch = updates_per_epoch  # live epoch edits convert with it
         trainer.create_optimizer_and_scheduler(max_steps)
         model = self._wrap_model()
         self._clip_plain = not self._optimizer_needs_wrapper()
@@ -128,6 +133,8 @@ class TrainingLoop:
         start_step = state.global_step
         control = trainer.callback_handler.on_train_begin(args, state, trainer.control)
         trainer.control = control
+        if state.global_step >= max_steps:
+            control.should_training_stop = True  # resumed from the last step: nothing left to train
         if args.eval_on_start and state.global_step == 0:
             trainer._evaluate_during_training(ignore_keys_for_eval)
             if trainer.control.should_save:  # a stop was requested during that evaluation
@@ -135,18 +142,22 @@ class TrainingLoop:
 
         epochs_done, skip_batches = 0, 0
         if updates_per_epoch:
+            # As HF: finished epochs are never repeated; ignore_data_skip only restarts the
+            # current epoch at its first batch (so state.epoch keeps going forward).
             epochs_done = state.global_step // updates_per_epoch
             if not args.ignore_data_skip:
                 skip_batches = (state.global_step % updates_per_epoch) * args.gradient_accumulation_steps
-            else:
-                epochs_done = 0
-        for epoch in range(epochs_done, num_epochs):
+        epoch = epochs_done
+        # Re-planned each epoch: a live max_steps / num_train_epochs edit (or its replay on
+        # resume) can need more epochs than the arguments planned.
+        while epoch < (math.ceil(state.max_steps / updates_per_epoch) if updates_per_epoch else num_epochs):
             if trainer.control.should_training_stop:
                 break
             self._run_epoch(model, loader, epoch, skip_batches if epoch == epochs_done else 0,
                             updates_per_epoch, ignore_keys_for_eval, start_time)
             if trainer.control.should_training_stop:
                 break
+            epoch += 1
         return self._finish(start_time, start_step)
 
     def _run_epoch(self, model, loader, epoch: int, skip: int, updates_per_epoch: int | None,
@@ -157,6 +168,9 @@ class TrainingLoop:
         sampler = getattr(trainer, "_train_sampler", None)
         if sampler is not None:
             sampler.set_epoch(epoch)
+        collator = getattr(trainer, "_train_collator", None)
+        if hasattr(collator, "set_epoch"):  # seeded MLM masking is a function of the epoch
+            collator.set_epoch(epoch)
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
         generator = getattr(trainer, "_train_loader_generator", None)
@@ -187,6 +201,11 @@ class TrainingLoop:
             num_items = self._count_items(micro)
             trainer.last_inputs = micro[-1]  # for inspection while paused (a reference, no copy)
             trainer.control = handler.on_step_begin(args, state, trainer.control)
+            if trainer.control.should_training_stop:
+                # Stopped before this step ran (e.g. while paused at its start): save the
+                # state of the boundary if asked, and leave the fetched batches untouched.
+                self._log_save_evaluate(model, ignore_keys, start_time)
+                break
             last = len(micro) - 1
             for i, inputs in enumerate(micro):
                 if count_tokens != "no":
@@ -227,7 +246,7 @@ class TrainingLoop:
         return total
 
     def _count_tokens(self, inputs: dict[str, Any], mode: str) -> None:
-        name = getattr(self.trainer.accelerator.unwrap_model(self.trainer.model), "main_input_name", "input_ids")
+        name = getattr(unwrap_model(self.trainer.model), "main_input_name", "input_ids")
         if mode == "non_padding" and "attention_mask" in inputs:
             self._tokens += inputs["attention_mask"].sum().to(self._tokens.device)
         elif name in inputs:
@@ -307,6 +326,18 @@ class TrainingLoop:
         trainer.log(dict(metrics))
         trainer.control = trainer.callback_handler.on_train_end(args, state, trainer.control)
         return TrainOutput(state.global_step, train_loss, metrics)
+
+
+def _check_writable(path: Path) -> None:
+    """Fail before training when output_dir cannot hold the event log and checkpoints."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise OSError(f"output_dir: cannot write to {path} ({exc.strerror or exc}); "
+                      "choose a writable folder") from exc
 
 
 def _empty_cache(device: torch.device) -> None:

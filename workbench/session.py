@@ -11,6 +11,7 @@ and ``events()``; they never touch the trainer.
 
 from __future__ import annotations
 
+import copy
 import queue
 import threading
 import time
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .callbacks import TrainerCallback
 from .session_state import EDITABLE, SeriesStore, SessionEvent, Snapshot, apply_edit, rng_preserved
+from .trainer_utils import unwrap_model
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -49,6 +51,10 @@ class SessionCallback(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.session._maybe_block()
+        request = self.session.trainer.stop_request
+        if request.is_set():  # stopped while paused: stop here, before another step runs
+            control.should_training_stop = True
+            control.should_save = request.save
 
     def on_step_end(self, args, state, control, **kwargs):
         self.session._drain(control)
@@ -78,6 +84,9 @@ class Session:
         self._commands: queue.Queue[_Command] = queue.Queue()
         self._lock = threading.RLock()
         self._pause_requested = threading.Event()
+        self._blocked = False  # the worker is waiting at a step boundary (guarded by _lock)
+        self._ended = threading.Event()  # set by the worker when the run is over
+        self._initial_edits: dict[str, Any] = {}  # applied once the run has restored its checkpoint
         self._unpaused = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -120,6 +129,7 @@ class Session:
             if self._thread is not None and self._thread.is_alive():
                 raise RuntimeError("this session is already running; pause(), stop() or wait() for it")
             self._error = None
+            self._ended.clear()
             self._set_status("running")
             self._thread = threading.Thread(target=self._work, name="workbench-train", daemon=True)
             self._thread.start()
@@ -139,6 +149,7 @@ class Session:
         finally:
             self._fail_pending()
             self._publish()
+            self._ended.set()
 
     def wait(self, timeout: float | None = None) -> str:
         """Block until the run ends (or ``timeout``); re-raise its error. Returns the status.
@@ -150,10 +161,14 @@ class Session:
         if thread is None:
             return self.status
         try:
-            thread.join(timeout)
+            # Not thread.join(): on Python < 3.13 a KeyboardInterrupt inside join() marks a
+            # running thread as stopped (is_alive() turns False while it keeps training).
+            ended = self._ended.wait(timeout)
         except KeyboardInterrupt:
             self.pause()
             return self.status
+        if ended:
+            thread.join()
         if self._error is not None and not thread.is_alive():
             raise self._error
         return self.status
@@ -173,10 +188,17 @@ class Session:
     def pause(self, wait: bool = False, timeout: float | None = None) -> str:
         """Pause at the next step boundary ("pausing" until then; wait=True blocks until "paused")."""
         with self._lock:
-            if self._status in _TERMINAL or self._status == "idle":
+            if self._status in _TERMINAL or self._status in ("idle", "stopping"):
                 return self._status
             self._pause_requested.set()
-            if self._status != "paused":
+            if self._blocked:
+                # Paused again before the worker woke from the last pause: it never left
+                # the step boundary, so the run is paused now (not "pausing" forever).
+                if self._status != "paused":
+                    self._set_status("paused")
+                    self._emit("paused")
+                    self._log_event("pause")
+            elif self._status != "paused":
                 self._set_status("pausing")
         if wait:
             deadline = None if timeout is None else time.monotonic() + timeout
@@ -193,6 +215,7 @@ class Session:
             if self._status in ("paused", "pausing"):
                 self._set_status("running")
                 self._emit("resumed")
+                self._log_event("resume")
             self._unpaused.notify_all()
         return self._status
 
@@ -261,7 +284,7 @@ class Session:
 
         old = self.trainer
         args = dataclasses.replace(old.args, output_dir=str(output_dir), **overrides)
-        model = old.accelerator.unwrap_model(old.model)
+        model = copy.deepcopy(unwrap_model(old.model))  # the parent keeps its own weights
         user_callbacks = [cb for cb in old.callback_handler.callbacks if type(cb).__module__.split(".")[0] != "workbench"]
         trainer = Trainer(model=model, args=args, data_collator=old.data_collator, train_dataset=old.train_dataset,
                           eval_dataset=old.eval_dataset, processing_class=old.processing_class,
@@ -270,6 +293,11 @@ class Session:
         origin = {"checkpoint": str(Path(checkpoint).resolve()), "overrides": overrides,
                   "parent_output_dir": str(Path(old.args.output_dir).resolve())}
         branch = Session(trainer, resume_from_checkpoint=str(checkpoint), origin=origin)
+        # The checkpoint restores the optimizer/schedule (old learning rate) and the state's
+        # logging/eval/save intervals; these overrides are re-applied after the restore, as
+        # live edits (recorded, so a resume of the branch replays them).
+        branch._initial_edits = {k: v for k, v in overrides.items()
+                                 if k in ("learning_rate", "logging_steps", "eval_steps", "save_steps")}
         from .tracking import EventLog
 
         Path(output_dir).mkdir(parents=True, exist_ok=True)
@@ -283,9 +311,14 @@ class Session:
     # -- inspection ------------------------------------------------------------------------
 
     @property
+    def args(self) -> Any:
+        """The run's TrainingArguments, for reading (change hyperparameters live with set())."""
+        return self.trainer.args
+
+    @property
     def model(self) -> Any:
         """The model being trained (inspect it while paused)."""
-        return self.trainer.accelerator.unwrap_model(self.trainer.model)
+        return unwrap_model(self.trainer.model)
 
     @property
     def last_batch(self) -> Any:
@@ -367,8 +400,12 @@ class Session:
     def _on_train_begin(self, state) -> None:
         self._started_at = time.perf_counter()
         self._start_step = state.global_step
+        self._edits = [dict(e) for e in state.live_edits]  # a resumed run's edits come with its checkpoint
         self._refresh_catalog()
         self._emit("started", max_steps=state.max_steps)
+        if self._initial_edits:
+            edits, self._initial_edits = self._initial_edits, {}
+            self._apply_edits(edits)
 
     def _refresh_catalog(self) -> None:
         try:
@@ -384,9 +421,14 @@ class Session:
                 return
             self._set_status("paused")
             self._emit("paused")
+            self._log_event("pause")
             paused_at = time.perf_counter()
-            while self._pause_requested.is_set() and not self.trainer.stop_request.is_set():
-                self._unpaused.wait(0.5)
+            self._blocked = True
+            try:
+                while self._pause_requested.is_set() and not self.trainer.stop_request.is_set():
+                    self._unpaused.wait(0.5)
+            finally:
+                self._blocked = False
             # Time spent paused is not training time: keep throughput and ETA honest.
             if self._started_at is not None:
                 self._started_at += time.perf_counter() - paused_at
@@ -422,13 +464,15 @@ class Session:
             self._publish()
 
     def _on_log(self, state, logs: dict[str, Any]) -> None:
-        self._series.add_log(state.global_step, logs)
+        with self._lock:  # snapshot() readers iterate the series under the same lock
+            self._series.add_log(state.global_step, logs)
         if "loss" in logs:
             self._emit("logged", **logs)
         self._publish()
 
     def _on_evaluate(self, state, metrics: dict[str, Any]) -> None:
-        self._series.add_eval(state.global_step, metrics)
+        with self._lock:
+            self._series.add_eval(state.global_step, metrics)
         futures, self._pending_evals = self._pending_evals, []
         for f in futures:
             f.set_result(dict(metrics))
@@ -482,7 +526,9 @@ class Session:
     def _apply_edits(self, changes: dict[str, Any]) -> dict[str, Any]:
         trainer = self.trainer
         applied = {}
-        for key, value in changes.items():
+        # The edits that can still be refused (they depend on the current step) go first, so a
+        # refused set() changes nothing.
+        for key, value in sorted(changes.items(), key=lambda kv: kv[0] not in ("max_steps", "num_train_epochs")):
             applied[key] = apply_edit(trainer, key, value)
         record = {"step": trainer.state.global_step, "time": time.time(), **applied}
         trainer.state.live_edits.append(record)
@@ -506,6 +552,13 @@ class Session:
             self._status = status
         self._publish()
 
+    def _log_event(self, event: str, **fields: Any) -> None:
+        """Append ``event`` to the run's events.jsonl (main process only)."""
+        from .tracking import EventLog
+
+        if self.trainer.is_world_process_zero():
+            EventLog(self.trainer.args.output_dir).write(event, self.trainer.state.global_step, **fields)
+
     def _emit(self, kind: str, **data: Any) -> None:
         event = SessionEvent(kind=kind, step=self.trainer.state.global_step, time=time.time(), data=data)
         with self._lock:
@@ -521,6 +574,11 @@ class Session:
                     pass
 
     def _publish(self) -> None:
+        # Serialized, so a thread that read older values can never overwrite a newer snapshot.
+        with self._lock:
+            self._publish_locked()
+
+    def _publish_locked(self) -> None:
         state = self.trainer.state
         now = time.perf_counter()
         elapsed = now - self._started_at if self._started_at is not None else 0.0

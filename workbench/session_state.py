@@ -6,6 +6,7 @@ types without the control machinery.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import random
@@ -73,24 +74,53 @@ class Snapshot:
         return points[-1][1] if points else None
 
 
+class _Series:
+    """One bounded series: the newest quarter of ``limit`` points at full detail, and older
+    points at a uniform stride that doubles each time the history fills up. (Thinning the
+    older half again and again would erase the history exponentially: a million-step run
+    would keep its first point and the last 0.6% of the steps.)"""
+
+    __slots__ = ("recent", "history", "history_limit", "stride", "aged")
+
+    def __init__(self, limit: int) -> None:
+        size = max(limit // 4, 1)
+        self.recent: collections.deque[Point] = collections.deque(maxlen=size)
+        self.history: list[Point] = []
+        self.history_limit = max(limit - size, 1)
+        self.stride = 1
+        self.aged = 0  # points that have left `recent`
+
+    def add(self, point: Point) -> None:
+        if len(self.recent) == self.recent.maxlen:
+            if self.aged % self.stride == 0:  # history keeps every stride-th aged point
+                self.history.append(self.recent[0])
+                if len(self.history) > self.history_limit:
+                    self.history = self.history[::2]
+                    self.stride *= 2
+            self.aged += 1
+        self.recent.append(point)
+
+    def points(self) -> tuple[Point, ...]:
+        return (*self.history, *self.recent)
+
+
 class SeriesStore:
-    """Named (step, value) series that stay bounded: past ``limit`` points, the older half is
-    thinned by two, so a million-step run keeps recent detail and a coarse long history."""
+    """Named (step, value) series that stay bounded (at most ``limit`` points each): recent
+    points in full detail, the whole run's history downsampled evenly, first point kept."""
 
     def __init__(self, limit: int = 2000) -> None:
         self.limit = limit
-        self._data: dict[str, list[Point]] = {}
+        self._data: dict[str, _Series] = {}
         self._frozen: dict[str, tuple[Point, ...]] | None = None
 
     def add(self, name: str, step: int, value: Any) -> None:
         """Append one point (non-numbers are ignored)."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return
-        points = self._data.setdefault(name, [])
-        points.append((step, float(value)))
-        if len(points) > self.limit:
-            half = len(points) // 2
-            points[:half] = points[:half:2]
+        series = self._data.get(name)
+        if series is None:
+            series = self._data[name] = _Series(self.limit)
+        series.add((step, float(value)))
         self._frozen = None
 
     def add_log(self, step: int, logs: dict[str, Any]) -> None:
@@ -108,7 +138,7 @@ class SeriesStore:
     def frozen(self) -> dict[str, tuple[Point, ...]]:
         """An immutable copy (cached until the next add)."""
         if self._frozen is None:
-            self._frozen = {k: tuple(v) for k, v in self._data.items()}
+            self._frozen = {k: v.points() for k, v in self._data.items()}
         return self._frozen
 
 
@@ -173,10 +203,16 @@ def apply_edit(trainer: "Trainer", key: str, value: Any) -> Any:
         if value < state.global_step:
             raise ValueError(f"max_steps: {value} is below the current step {state.global_step}")
         state.max_steps = int(value)
+        per_epoch = getattr(trainer, "_updates_per_epoch", None)
+        if per_epoch:
+            state.num_train_epochs = math.ceil(state.max_steps / per_epoch)
     elif key == "num_train_epochs":
-        per_epoch = state.max_steps / max(state.num_train_epochs, 1e-9) if state.num_train_epochs else None
-        if per_epoch is None:
-            raise ValueError("num_train_epochs: this run has no epoch length (streaming data); edit max_steps")
+        # Optimizer steps per epoch, as the loop planned them (max_steps / num_train_epochs is
+        # not it when max_steps is not a whole number of epochs).
+        per_epoch = getattr(trainer, "_updates_per_epoch", None)
+        if not per_epoch:
+            raise ValueError("num_train_epochs: this run has no epoch length (streaming data, or not "
+                             "started); edit max_steps")
         new_max = math.ceil(per_epoch * value)
         if new_max < state.global_step:
             raise ValueError(f"num_train_epochs: {value} epochs end before the current step {state.global_step}")
@@ -192,12 +228,15 @@ def replay_edits(trainer: "Trainer") -> None:
 
     The schedule's base rates come back with scheduler.pt and the step intervals with
     trainer_state.json; max_steps is recomputed from the arguments on resume, so the last
-    edited value is put back here.
+    edited value (of max_steps, or of num_train_epochs converted to steps) is put back here.
     """
+    per_epoch = getattr(trainer, "_updates_per_epoch", None)
     for edit in trainer.state.live_edits:
-        for key in ("max_steps",):
-            if key in edit:
-                trainer.state.max_steps = int(edit[key])
+        for key, value in edit.items():  # in the order they were applied
+            if key == "max_steps":
+                trainer.state.max_steps = int(value)
+            elif key == "num_train_epochs" and per_epoch:
+                trainer.state.max_steps = math.ceil(per_epoch * value)
 
 
 @contextlib.contextmanager

@@ -66,6 +66,9 @@ class JITCheckpointCallback(TrainerCallback):
         if self.request.save:
             control.should_save = True
 
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._act(control)  # a request that came between steps: stop before the next one
+
     def on_step_end(self, args, state, control, **kwargs):
         self._act(control)
 

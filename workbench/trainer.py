@@ -33,11 +33,17 @@ from .callbacks import (
     TrainerControl,
     TrainerState,
 )
-from .collators import RemoveColumnsCollator, default_data_collator, signature_columns
+from .collators import RemoveColumnsCollator, default_collator_for, signature_columns
 from .optim import decay_parameter_names, get_optimizer_cls_and_kwargs, get_scheduler, parameter_groups
-from .samplers import EpochRandomSampler, EpochSequentialSampler
+from .samplers import (
+    BatchRebalanceSampler,
+    EpochRandomSampler,
+    EpochSequentialSampler,
+    LengthGroupedSampler,
+    dataset_lengths,
+)
 from .signals import JITCheckpointCallback, StopRequest, install_stop_handlers
-from .trainer_utils import PredictionOutput, TrainOutput, has_length, set_seed
+from .trainer_utils import PredictionOutput, TrainOutput, has_length, set_seed, unwrap_model
 
 log = logging.getLogger("workbench")
 
@@ -120,7 +126,8 @@ class Trainer:
         self.model = model.to(self.accelerator.device)
         self.model_wrapped = self.model
         self.processing_class = processing_class
-        self.data_collator = data_collator or default_data_collator
+        # As HF: a tokenizer-like processing class means padding, anything else plain stacking.
+        self.data_collator = data_collator or default_collator_for(processing_class)
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
         self.compute_loss_func = compute_loss_func
@@ -169,7 +176,7 @@ class Trainer:
     # -- model facts ---------------------------------------------------------------------
 
     def _inspect_model(self) -> None:
-        model = self.accelerator.unwrap_model(self.model)
+        model = unwrap_model(self.model)
         params = inspect.signature(model.forward).parameters
         takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         self.model_kind = losses.model_kind(model)
@@ -218,10 +225,11 @@ class Trainer:
     def _collator_for(self, dataset: Any, description: str) -> Callable:
         if not self.args.remove_unused_columns:
             return self.data_collator
-        keep = signature_columns(self.accelerator.unwrap_model(self.model), self.label_names)
-        if keep is None:
-            return self.data_collator
-        return RemoveColumnsCollator(self.data_collator, keep, description)
+        keep = signature_columns(unwrap_model(self.model), self.label_names)
+        # One set per Trainer: each dropped-columns message is shown once, not every evaluation.
+        reported = self.__dict__.setdefault("_dropped_columns_reported", set())
+        return RemoveColumnsCollator(self.data_collator, keep, description, reported,
+                                     quiet=[self.args.length_column_name])
 
     def _loader_kwargs(self) -> dict[str, Any]:
         args = self.args
@@ -237,12 +245,39 @@ class Trainer:
         return kwargs
 
     def _get_train_sampler(self, dataset: Dataset) -> torch.utils.data.Sampler | None:
+        """The sampler of ``train_sampling_strategy`` (None for an IterableDataset, which has no
+        order to choose). "batch_rebalance" returns a batch sampler (see samplers.py)."""
         if isinstance(dataset, IterableDataset) or not has_length(dataset):
             return None
-        if self.args.train_sampling_strategy == "sequential":
+        args = self.args
+        strategy = args.train_sampling_strategy
+        if strategy == "sequential":
             return EpochSequentialSampler(dataset)
-        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        seed = args.data_seed if args.data_seed is not None else args.seed
+        if strategy == "group_by_length":
+            return LengthGroupedSampler(self._sample_lengths(dataset),
+                                        self._train_batch_size * args.gradient_accumulation_steps, seed=seed)
+        if strategy == "batch_rebalance":
+            config = self.accelerator.dataloader_config
+            if config.split_batches or config.dispatch_batches:
+                raise ValueError('train_sampling_strategy="batch_rebalance" plans every rank\'s micro-batches '
+                                 "itself: unset accelerator_config split_batches and dispatch_batches")
+            return BatchRebalanceSampler(self._sample_lengths(dataset), self._train_batch_size,
+                                         num_processes=self.accelerator.num_processes,
+                                         gradient_accumulation_steps=args.gradient_accumulation_steps,
+                                         seed=seed, drop_last=args.dataloader_drop_last)
         return EpochRandomSampler(dataset, seed=seed)
+
+    def _sample_lengths(self, dataset: Dataset) -> list[int]:
+        """Sample lengths for the length-aware samplers, computed once per dataset and Trainer."""
+        cache = self.__dict__.setdefault("_lengths_cache", {})
+        hit = cache.get(id(dataset))
+        if hit is None or hit[0] is not dataset:
+            names = getattr(self.processing_class, "model_input_names", None)
+            name = names[0] if names else getattr(unwrap_model(self.model), "main_input_name",
+                                                  "input_ids")
+            hit = cache[id(dataset)] = (dataset, dataset_lengths(dataset, self.args.length_column_name, name))
+        return hit[1]
 
     def get_train_dataloader(self) -> DataLoader:
         """The training DataLoader, prepared by Accelerate (sharded across processes)."""
@@ -254,13 +289,17 @@ class Trainer:
         # The loader draws its worker base seed from this generator, not the global RNG, so
         # starting an iterator (also mid-run, on resume) never shifts dropout or other draws.
         self._train_loader_generator = torch.Generator()
+        self._train_collator = self._collator_for(dataset, "training")  # the loop calls its set_epoch
+        if isinstance(sampler, BatchRebalanceSampler):
+            batching: dict[str, Any] = {"batch_sampler": sampler}  # sizes vary: it batches itself
+        else:
+            batching = {"batch_size": self._train_batch_size, "sampler": sampler,
+                        "drop_last": self.args.dataloader_drop_last}
         loader = DataLoader(
             dataset,
-            batch_size=self._train_batch_size,
-            sampler=sampler,
             generator=self._train_loader_generator,
-            collate_fn=self._collator_for(dataset, "training"),
-            drop_last=self.args.dataloader_drop_last,
+            collate_fn=self._train_collator,
+            **batching,
             **self._loader_kwargs(),
         )
         return self.accelerator.prepare(loader)
@@ -312,7 +351,7 @@ class Trainer:
     def create_optimizer(self) -> torch.optim.Optimizer:
         """The optimizer from ``args.optim`` (or optimizer_cls_and_kwargs), decay groups applied."""
         if self.optimizer is None:
-            model = self.accelerator.unwrap_model(self.model)
+            model = unwrap_model(self.model)
             groups = parameter_groups(model, self.args.weight_decay)
             cls, kwargs = self.optimizer_cls_and_kwargs or get_optimizer_cls_and_kwargs(self.args)
             self.optimizer = cls(groups, **kwargs)
@@ -407,7 +446,7 @@ class Trainer:
         loss_fn = losses.LOSS_MAPPING.get(self.model_kind or "")
         if loss_fn is None:
             raise ValueError(
-                f"cannot pick a default loss for {type(self.accelerator.unwrap_model(self.model)).__name__}: "
+                f"cannot pick a default loss for {type(unwrap_model(self.model)).__name__}: "
                 f"set model.loss_type to one of {', '.join(losses.LOSS_MAPPING)} or pass compute_loss_func"
             )
         return loss_fn(logits, labels, num_items_in_batch=num_items, label_smoothing=self.args.label_smoothing_factor)
@@ -449,7 +488,10 @@ class Trainer:
         if has_labels:
             labels = tuple(inputs[name] for name in self.label_names)
             labels = labels[0] if len(labels) == 1 else labels
-        ignore = set(ignore_keys or ()) | {"loss"}
+        if ignore_keys is None:  # as HF: a model's cache is not a prediction (v4 names it past_key_values, v5 cache)
+            config = getattr(unwrap_model(model), "config", None)
+            ignore_keys = getattr(config, "keys_to_ignore_at_inference", ["past_key_values", "cache"]) if config is not None else []
+        ignore = set(ignore_keys) | {"loss"}
         model.eval()
         with torch.no_grad():
             if has_labels or self.compute_loss_func is not None and "labels" in inputs:
@@ -498,6 +540,12 @@ class Trainer:
         restore = None
         if self.args.enable_jit_checkpoint and threading.current_thread() is threading.main_thread():
             restore = install_stop_handlers(self.stop_request, [signal.SIGTERM])
+        self.neftune_hook_handle = None
+        if self.args.neftune_noise_alpha is not None:
+            from .neftune import activate_neftune
+
+            # Training only: the hook checks module.training, and is removed when train() ends.
+            self.neftune_hook_handle = activate_neftune(self.model, self.args.neftune_noise_alpha)
         try:
             if self.args.auto_find_batch_size:
                 from accelerate.utils import find_executable_batch_size
@@ -505,9 +553,16 @@ class Trainer:
                 return find_executable_batch_size(inner, starting_batch_size=self._train_batch_size)()
             return inner(self._train_batch_size)
         except BaseException as exc:
-            self.callback_handler.on_error(self.args, self.state, self.control, exc)
+            try:
+                self.callback_handler.on_error(self.args, self.state, self.control, exc)
+            except Exception as hook_exc:  # e.g. the event log cannot be written either
+                log.warning("an on_error callback failed (%s: %s); raising the original error",
+                            type(hook_exc).__name__, hook_exc)
             raise
         finally:
+            if self.neftune_hook_handle is not None:
+                self.neftune_hook_handle.remove()
+                self.neftune_hook_handle = None
             if restore is not None:
                 restore()
 
@@ -544,7 +599,7 @@ class Trainer:
 
         target = Path(output_dir or self.args.output_dir)
         if self.accelerator.is_main_process:
-            save_model_files(self.accelerator.unwrap_model(self.model), target, self.processing_class)
+            save_model_files(unwrap_model(self.model), target, self.processing_class)
             (target / "training_args.json").write_text(self.args.to_json_string() + "\n", encoding="utf-8")
         self.accelerator.wait_for_everyone()
 

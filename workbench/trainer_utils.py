@@ -109,3 +109,21 @@ def has_length(obj: Any) -> bool:
         return len(obj) is not None
     except (TypeError, NotImplementedError):
         return False
+
+
+_WRAPPER_TYPES = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "DeepSpeedEngine"}
+
+
+def unwrap_model(model: Any) -> Any:
+    """The user's module inside DDP / FSDP / DeepSpeed / torch.compile wrappers.
+
+    Accelerate's ``unwrap_model`` imports ``torch._dynamo`` on first use (1-2 s of start-up
+    on a small machine); recognising the wrappers by their attributes needs no import.
+    """
+    while True:
+        inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
+        if inner is None and type(model).__name__ in _WRAPPER_TYPES:
+            inner = getattr(model, "module", None)
+        if inner is None:
+            return model
+        model = inner

@@ -198,9 +198,10 @@ class TinyGPT(nn.Module):
             )
         attn_mask = None
         positions = torch.arange(seq, device=input_ids.device).unsqueeze(0)
-        # An all-ones mask (the usual case for packed blocks) keeps SDPA's fused causal path;
-        # the check costs one host sync, negligible at this model size.
-        if attention_mask is not None and not bool(attention_mask.all()):
+        # Without a mask SDPA takes its fused causal path. A given mask is always applied:
+        # testing it for all-ones first (`if mask.all()`) would be a host-device sync on
+        # every step, and padding collators hand one to every batch.
+        if attention_mask is not None:
             keep = attention_mask.to(device=input_ids.device, dtype=torch.bool)
             positions = (keep.long().cumsum(-1) - 1).clamp(min=0)
             causal = torch.ones(seq, seq, dtype=torch.bool, device=input_ids.device).tril()

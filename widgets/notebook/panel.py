@@ -1,0 +1,439 @@
+"""The Jupyter panel: a thin ipywidgets view over a workbench ``Session``.
+
+Training runs in the Session's own thread, so the kernel stays free while this panel
+updates. A small observer thread polls ``session.snapshot()`` at most 4 times a second and
+copies what changed into widget traits under ``hold_sync()`` (one comm message per widget
+per refresh). Buttons call the Session's command methods; nothing here touches the trainer,
+the model or the loop. Futures that commands return complete in the training thread; their
+callbacks only post a notice, which the observer shows, so no widget is written from there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import ipywidgets as w
+
+from workbench.widgets.view import fmt_lr, fmt_number
+
+from .charts import LiveChart, Trace
+from .tables import (
+    checkpoints_html,
+    error_html,
+    evaluations_html,
+    event_entry,
+    events_html,
+    memory_html,
+    metrics_html,
+    notice_html,
+    status_html,
+    terminal,
+)
+
+if TYPE_CHECKING:
+    from workbench.session import Session
+
+__all__ = ["Panel", "MIN_INTERVAL"]
+
+MIN_INTERVAL = 0.25  # seconds: the observer refreshes at most 4 times a second
+_ACTIVE = ("running", "pausing", "paused", "evaluating", "saving")
+
+
+def _button(description: str, icon: str, tooltip: str, style: str = "") -> w.Button:
+    return w.Button(description=description, icon=icon, tooltip=tooltip, button_style=style,
+                    layout=w.Layout(width="auto", min_width="92px"))
+
+
+class Panel(w.VBox):
+    """Status, controls, live charts and tables for one Session.
+
+    Layout, top to bottom: status line; progress bar; a row of Pause/Resume, Save,
+    Evaluate, Stop and the learning-rate field with Apply; a notice line answering the last
+    button press; the error area (hidden until the run fails); two charts side by side
+    (train/eval loss; learning rate and grad norm); tabs Metrics, Memory, Checkpoints,
+    Events; and below, the panels of runs branched from here.
+    """
+
+    def __init__(self, session: "Session", interval: float = MIN_INTERVAL, autostart: bool = True) -> None:
+        """Build the widgets and start the observer (``autostart=False`` leaves refreshes to the caller)."""
+        if not isinstance(interval, (int, float)) or not math.isfinite(interval) or interval < MIN_INTERVAL:
+            raise ValueError(f"interval: at least {MIN_INTERVAL} s (the panel refreshes at most 4 times a second)")
+        self.session = session
+        self.interval = float(interval)
+        self.branches: list[Session] = []
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._events = session.subscribe(maxsize=1000)
+        self._log: deque[tuple[float, str, str]] = deque(maxlen=12)
+        self._notice: tuple[str, str] = ("info", "")
+        self._posted: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
+        self._last: Any = None
+        self._cache: dict[str, Any] = {}
+        self._error_text: str | None = None
+        self._closed = False
+        self.refresh_count = 0
+        self.refresh_seconds = 0.0
+        self.refresh_max = 0.0
+        self.observer_error: BaseException | None = None
+
+        # -- header and controls --------------------------------------------------------------
+        self.status = w.HTML()
+        self.progress = w.IntProgress(min=0, max=1, value=0, layout=w.Layout(width="100%", height="14px"))
+        self.pause_button = _button("Pause", "pause", "Pause at the next step boundary (resume continues exactly)")
+        self.save_button = _button("Save", "save", "Save a checkpoint now (at the next step end while running)")
+        self.evaluate_button = _button("Evaluate", "check", "Evaluate now (at the next step end while running)")
+        self.stop_button = _button("Stop", "stop", "Stop at the next safe point after saving a checkpoint", "danger")
+        self.lr_field = w.Text(placeholder="learning rate, e.g. 1e-4", continuous_update=False,
+                               layout=w.Layout(width="190px"))
+        self.lr_apply = _button("Apply", "", "Set the base learning rate the schedule scales from")
+        self.notice = w.HTML()
+        self.error = w.HTML(layout=w.Layout(display="none"))
+        controls = w.HBox([self.pause_button, self.save_button, self.evaluate_button, self.stop_button,
+                           w.HTML("&nbsp;", layout=w.Layout(flex="1 1 auto")), self.lr_field, self.lr_apply],
+                          layout=w.Layout(width="100%", align_items="center", flex_flow="row wrap"))
+
+        # -- charts -------------------------------------------------------------------------------
+        self.loss_chart = LiveChart("Loss", [Trace("loss", "train loss", "#1f77b4"),
+                                             Trace("eval_loss", "eval loss", "#ff7f0e", marker="circle")],
+                                    left_label="loss")
+        self.lr_chart = LiveChart("Learning rate / grad norm",
+                                  [Trace("learning_rate", "learning rate", "#2ca02c"),
+                                   Trace("grad_norm", "grad norm", "#9467bd", axis="right")],
+                                  left_label="learning rate", right_label="grad norm",
+                                  tick_format={"left": ".1e"})
+        charts = w.HBox([self.loss_chart.figure, self.lr_chart.figure],
+                        layout=w.Layout(width="100%", flex_flow="row wrap"))
+
+        # -- tabs: metrics, memory, checkpoints, events ------------------------------------------------
+        self.metrics = w.HTML()
+        self.evaluations = w.HTML()
+        self.memory = w.HTML()
+        self.checkpoints = w.HTML()
+        self.checkpoint_select = w.Dropdown(options=[], description="checkpoint",
+                                            layout=w.Layout(width="260px"))
+        self.resume_button = _button("Resume from", "play", "Restart this run from the selected checkpoint "
+                                     "(stop the current run first)")
+        self.branch_dir = w.Text(placeholder="branch output_dir (default: <output_dir>-branch-<step>)",
+                                 layout=w.Layout(width="330px"))
+        self.branch_lr = w.Text(placeholder="learning rate (optional)", layout=w.Layout(width="170px"))
+        self.branch_button = _button("Branch", "code-fork", "Start a new run from the selected checkpoint into "
+                                     "another output_dir, with a different learning rate if given")
+        self.events = w.HTML()
+        browser = w.VBox([self.checkpoints,
+                          w.HBox([self.checkpoint_select, self.resume_button],
+                                 layout=w.Layout(flex_flow="row wrap", align_items="center")),
+                          w.HBox([self.branch_dir, self.branch_lr, self.branch_button],
+                                 layout=w.Layout(flex_flow="row wrap", align_items="center"))])
+        self.tabs = w.Tab(children=[w.VBox([self.metrics, self.evaluations]), self.memory, browser, self.events])
+        self.tabs.titles = ("Metrics", "Memory", "Checkpoints", "Events")
+        self.branch_box = w.VBox()
+
+        self._text_widgets = [self.status, self.progress, self.pause_button, self.save_button, self.evaluate_button,
+                              self.stop_button, self.lr_field, self.notice, self.error, self.metrics,
+                              self.evaluations, self.memory, self.checkpoints, self.checkpoint_select,
+                              self.resume_button, self.branch_button, self.events]
+        self._owned: list[w.Widget] = [*self._text_widgets, self.lr_apply, self.branch_dir, self.branch_lr,
+                                       controls, charts, browser, self.tabs, self.branch_box,
+                                       *browser.children[1:], *controls.children[4:5]]
+        self.pause_button.on_click(self._guard(self._on_pause))
+        self.save_button.on_click(self._guard(self._on_save))
+        self.evaluate_button.on_click(self._guard(self._on_evaluate))
+        self.stop_button.on_click(self._guard(self._on_stop))
+        self.lr_apply.on_click(self._guard(self._on_apply_lr))
+        self.resume_button.on_click(self._guard(self._on_resume_from))
+        self.branch_button.on_click(self._guard(self._on_branch))
+
+        super().__init__([self.status, self.progress, controls, self.notice, self.error, charts, self.tabs,
+                          self.branch_box], layout=w.Layout(width="100%"))
+        self.add_class("workbench-panel")
+        self.refresh()
+        if autostart:
+            self.start()
+
+    # -- observer ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the observer thread (idempotent; a closed panel cannot restart)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this panel is closed; call session.panel() for a new one")
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._observe, name="workbench-panel", daemon=True)
+            self._thread.start()
+
+    @property
+    def observing(self) -> bool:
+        """Whether the observer thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def _observe(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.refresh()
+            except Exception as exc:  # noqa: BLE001 - a drawing bug must not kill the updates
+                self.observer_error = exc
+                self._set_notice("error", f"panel update failed: {type(exc).__name__}: {exc}")
+
+    def close(self) -> None:
+        """Stop the observer, stop listening to the session and close every widget of the panel."""
+        if not hasattr(self, "_owned"):  # __init__ failed early; Widget.__del__ still calls close()
+            super().close()
+            return
+        with self._lock:
+            self._closed = True
+            self._stop.set()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)
+        self.session.unsubscribe(self._events)
+        for child in list(self.branch_box.children):
+            child.close()
+        self.loss_chart.close()
+        self.lr_chart.close()
+        for widget in self._owned:
+            widget.close()
+        super().close()
+
+    @property
+    def refresh_stats(self) -> dict[str, float]:
+        """How many refreshes ran and their mean and worst cost in milliseconds."""
+        count = self.refresh_count
+        return {"count": count, "mean_ms": 1000.0 * self.refresh_seconds / count if count else 0.0,
+                "max_ms": 1000.0 * self.refresh_max}
+
+    # -- refresh -------------------------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Copy the newest snapshot (and events, notices) into the widgets; only changes are sent.
+
+        Safe from any thread: refreshes and button handlers are serialized by one lock, and
+        each widget's changes go out as one message when its hold_sync() block ends.
+        """
+        started = time.perf_counter()
+        with self._lock:
+            if self._closed:
+                return
+            snap = self.session.snapshot()
+            log_changed = self._drain_events()
+            if snap is self._last and not log_changed:
+                return
+            self._last = snap
+            widgets = [*self._text_widgets, *self.loss_chart.widgets, *self.lr_chart.widgets]
+            with contextlib.ExitStack() as stack:
+                for widget in widgets:
+                    stack.enter_context(widget.hold_sync())
+                self._apply(snap, log_changed)
+            took = time.perf_counter() - started
+            self.refresh_count += 1
+            self.refresh_seconds += took
+            self.refresh_max = max(self.refresh_max, took)
+
+    def _drain_events(self) -> bool:
+        changed = False
+        while True:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                break
+            entry = event_entry(event)
+            if entry is not None:
+                self._log.append(entry)
+                changed = True
+        while True:
+            try:
+                level, text = self._posted.get_nowait()
+            except queue.Empty:
+                break
+            self._notice = (level, text)
+            self._log.append((time.time(), level, text))
+            changed = True
+        return changed
+
+    def _changed(self, name: str, value: Any) -> bool:
+        """Whether ``value`` differs (by identity) from what ``name`` was drawn from last time."""
+        if name in self._cache and self._cache[name] is value:
+            return False
+        self._cache[name] = value
+        return True
+
+    def _apply(self, snap: Any, log_changed: bool) -> None:
+        status = snap.status
+        self.status.value = status_html(snap)
+        self.progress.max = max(snap.max_steps, 1)
+        self.progress.value = min(snap.step, self.progress.max)
+        self.progress.bar_style = {"paused": "warning", "pausing": "warning", "finished": "success",
+                                   "failed": "danger", "stopped": "info"}.get(status, "")
+        paused = status in ("paused", "pausing")
+        self.pause_button.description = "Resume" if paused else "Pause"
+        self.pause_button.icon = "play" if paused else "pause"
+        self.pause_button.disabled = status not in _ACTIVE
+        self.save_button.disabled = status not in _ACTIVE
+        self.stop_button.disabled = status not in _ACTIVE
+        self.evaluate_button.disabled = status in ("idle", "stopping")
+        lr = snap.latest("learning_rate")
+        self.lr_field.placeholder = (f"learning rate (now {fmt_lr(lr)})" if lr is not None
+                                     else "learning rate, e.g. 1e-4")
+        self.lr_field.disabled = terminal(status)
+        if status == "paused" and self._notice[1].startswith("pausing"):
+            self._notice = ("info", f"paused at step {snap.step}")
+        self.notice.value = notice_html(*self._notice)
+        if snap.error != self._error_text:
+            self._error_text = snap.error
+            self.error.value = error_html(snap.error, self.session.error)
+            self.error.layout.display = "" if snap.error else "none"
+
+        series = snap.series
+        self.loss_chart.update(series, snap.max_steps)
+        self.lr_chart.update(series, snap.max_steps)
+        if self._changed("series", series) | self._changed("best", (snap.best_metric, snap.best_step)):
+            self.metrics.value = metrics_html(series, snap.best_metric, snap.best_step)
+            self.evaluations.value = evaluations_html(series, snap.best_step)
+        if self._changed("memory", snap.memory):
+            self.memory.value = memory_html(snap.memory)
+        if self._changed("checkpoints", snap.checkpoints) or int(time.time()) != self._cache.get("clock"):
+            self._cache["clock"] = int(time.time())  # ages ("12s ago") tick once a second
+            self.checkpoints.value = checkpoints_html(snap.checkpoints)
+            self._update_checkpoint_options(snap.checkpoints)
+        can_restart = status == "idle" or terminal(status)
+        self.resume_button.disabled = not can_restart or self.checkpoint_select.value is None
+        self.branch_button.disabled = not can_restart or self.checkpoint_select.value is None
+        if log_changed:
+            self.events.value = events_html(list(self._log))
+
+    def _update_checkpoint_options(self, checkpoints: Any) -> None:
+        options = tuple((f"{c.name}{' ★' if c.best else ''}", c.path) for c in checkpoints if c.complete)
+        if options == self._cache.get("options"):
+            return
+        self._cache["options"] = options
+        keep = self.checkpoint_select.value
+        self.checkpoint_select.options = options
+        values = [value for _, value in options]
+        if keep in values:
+            self.checkpoint_select.value = keep
+        elif values:
+            self.checkpoint_select.value = values[-1]  # the newest is the usual choice
+
+    # -- commands ---------------------------------------------------------------------------------------------
+
+    def _guard(self, handler: Callable[[], None]) -> Callable[[w.Button], None]:
+        """Run a button handler; show its outcome or error in the notice line, then refresh."""
+        def on_click(_button: w.Button) -> None:
+            try:
+                with self._lock:
+                    handler()
+            except (ValueError, RuntimeError, OSError) as exc:
+                self._set_notice("error", str(exc))
+            except Exception as exc:  # noqa: BLE001 - a notebook callback must never raise into the void
+                self._set_notice("error", f"{type(exc).__name__}: {exc}")
+            self.refresh()
+        return on_click
+
+    def _set_notice(self, level: str, text: str) -> None:
+        """Queue a notice for the next refresh (callable from any thread, e.g. a Future callback)."""
+        self._posted.put((level, text))
+        self._last = None  # make the next refresh draw even if the snapshot did not change
+
+    def _follow(self, future: Future, done: Callable[[Any], str], what: str) -> None:
+        def report(f: Future) -> None:
+            try:
+                self._set_notice("good", done(f.result()))
+            except Exception as exc:  # noqa: BLE001 - shown, not raised, in the training thread
+                self._set_notice("error", f"{what} failed: {exc}")
+        future.add_done_callback(report)
+
+    def _on_pause(self) -> None:
+        if self.session.status in ("paused", "pausing"):
+            self.session.resume()
+            self._set_notice("info", "resumed")
+        else:
+            status = self.session.pause()
+            self._set_notice("info", "pausing at the next step boundary" if status == "pausing" else status)
+
+    def _on_save(self) -> None:
+        result = self.session.save()
+        if isinstance(result, Future):
+            self._set_notice("info", "saving at the next step end...")
+            self._follow(result, lambda path: f"saved {Path(path).name}", "save")
+        else:
+            self._set_notice("good", f"saved {Path(result).name}")
+
+    def _on_evaluate(self) -> None:
+        result = self.session.evaluate()
+        describe = lambda m: "evaluated: " + " ".join(  # noqa: E731
+            f"{k.removeprefix('eval_')}={fmt_number(v)}" for k, v in m.items()
+            if isinstance(v, float) and not k.endswith(("_runtime", "_per_second")))
+        if isinstance(result, Future):
+            self._set_notice("info", "evaluating at the next step end...")
+            self._follow(result, describe, "evaluation")
+        else:
+            self._set_notice("good", describe(result))
+
+    def _on_stop(self) -> None:
+        status = self.session.stop(save=True)
+        self._set_notice("warn", "stopping: a checkpoint is saved at the next safe point"
+                         if status == "stopping" else f"nothing to stop: the run is {status}")
+
+    def parse_learning_rate(self, text: str) -> float:
+        """The float in ``text`` (e.g. "3e-4"); ValueError with a readable reason otherwise."""
+        text = text.strip()
+        if not text:
+            raise ValueError("learning rate: type a number, e.g. 1e-4")
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"learning rate: {text!r} is not a number") from None
+        return value
+
+    def _on_apply_lr(self) -> None:
+        value = self.parse_learning_rate(self.lr_field.value)
+        result = self.session.set(learning_rate=value)  # ValueError for negative/NaN/inf
+        if isinstance(result, Future):
+            self._set_notice("info", f"learning rate {fmt_lr(value)}: applied at the next step end")
+            self._follow(result, lambda applied: f"learning rate set to {fmt_lr(applied['learning_rate'])}", "edit")
+        else:
+            self._set_notice("good", f"learning rate set to {fmt_lr(value)}")
+        self.lr_field.value = ""
+
+    def _selected_checkpoint(self) -> str:
+        path = self.checkpoint_select.value
+        if not path:
+            raise ValueError("no checkpoint selected")
+        return path
+
+    def _on_resume_from(self) -> None:
+        path = self._selected_checkpoint()
+        self.session.resume_from(path)
+        self._cache.clear()
+        self._set_notice("info", f"resuming from {Path(path).name}")
+
+    def _on_branch(self) -> None:
+        path = self._selected_checkpoint()
+        overrides: dict[str, Any] = {}
+        if self.branch_lr.value.strip():
+            overrides["learning_rate"] = self.parse_learning_rate(self.branch_lr.value)
+            if not math.isfinite(overrides["learning_rate"]) or overrides["learning_rate"] < 0:
+                raise ValueError(f"learning rate: expected a number >= 0, got {self.branch_lr.value.strip()}")
+        output_dir = self.branch_dir.value.strip()
+        if not output_dir:
+            base = self.session.snapshot().output_dir
+            if not base:
+                raise ValueError("branch: type an output_dir for the new run")
+            base = str(base).rstrip("/")
+            output_dir = f"{base}-branch-{Path(path).name.rsplit('-', 1)[-1]}"
+        branch = self.session.branch(path, output_dir, **overrides)
+        branch.start()
+        self.branches.append(branch)
+        self.branch_box.children = (*self.branch_box.children, Panel(branch, interval=self.interval))
+        self._set_notice("good", f"branched from {Path(path).name} into {output_dir}")

@@ -1,0 +1,26 @@
+"""The terminal dashboard: ``workbench run CONFIG`` on a TTY, or ``DashboardApp(session).run()``.
+
+Importing this package imports Textual; the core (``workbench.*``) never does.
+"""
+
+from __future__ import annotations
+
+from .app import OUTCOMES, DashboardApp
+
+__all__ = ["DashboardApp", "OUTCOMES", "run_dashboard"]
+
+
+def run_dashboard(session, *, handle_signals: bool = True) -> str:
+    """Open the dashboard on ``session`` (started if idle) and return its outcome when the user quits.
+
+    The exit code for the outcome is ``OUTCOMES[outcome]`` (0 finished or saved, 130
+    stopped or interrupted, 143 SIGTERM, 1 failed or crashed).
+    """
+    app = DashboardApp(session, handle_signals=handle_signals)
+    outcome = app.run()
+    if outcome is None:
+        # The app itself crashed (Textual has printed why): keep the work, stop the run.
+        if session.status not in ("finished", "stopped", "failed", "idle"):
+            session.stop(save=True)
+        return "crashed"
+    return outcome

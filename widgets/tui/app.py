@@ -1,0 +1,338 @@
+"""The dashboard app: a thin view over a ``Session`` that also steers it.
+
+Threading (DESIGN.md section 4):
+
+- the training thread never calls into the app; the app *polls* ``session.snapshot()`` (an
+  immutable object swapped atomically) with ``set_interval`` at ~8 Hz;
+- events reach the app through ``EventBridge``, a thread that waits on the session's event
+  queue and posts each event with ``post_message`` (thread-safe);
+- commands that may take a while (save or evaluate while paused, waiting for a stop) run in
+  short-lived threads that report back with ``post_message`` too. Quick commands (pause,
+  resume, stop, queuing a save) are called directly: they only set flags.
+
+So the UI never blocks training, and training never blocks the UI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from textual.app import App
+from textual.binding import Binding
+
+from workbench.widgets.view import TERMINAL, fmt_lr, fmt_number
+
+from .bridge import EventBridge, LogForwarder
+from .checkpoints import CheckpointsScreen
+from .dashboard import DashboardScreen
+from .dialogs import QuitDialog
+from .forms import EditForm
+from .help import HelpScreen
+from .inspect import InspectScreen
+from .messages import CommandFinished, LogRecordArrived, RunReplaced, SessionEventArrived
+
+__all__ = ["DashboardApp", "OUTCOMES"]
+
+# What the app returns from run(), and the exit code the CLI gives each (DESIGN.md).
+OUTCOMES = {
+    "finished": 0,     # the run ended on its own (or had ended when the user quit)
+    "saved": 0,        # quit dialog: stop and save (q then Enter)
+    "stopped": 130,    # quit dialog: stop without saving
+    "interrupted": 130,  # ctrl+c: stop and save, then exit
+    "aborted": 130,    # a second ctrl+c: exit without waiting for the save
+    "terminated": 143,  # SIGTERM: stop and save, then exit (schedulers must see "preempted")
+    "failed": 1,
+    "crashed": 1,      # the dashboard itself failed; the run was stopped and saved
+}
+
+
+class DashboardApp(App[str]):
+    """Show and steer ``session``; ``run()`` returns an outcome from ``OUTCOMES``.
+
+    Options: ``autostart`` starts an idle session on mount; ``frozen`` hides everything that
+    depends on wall-clock time or the process (elapsed, speeds, ETA, host memory, ages are
+    taken at the snapshot's own time) so screenshots are reproducible; ``handle_signals``
+    turns SIGTERM into stop-and-save (the CLI sets it; it needs the main thread).
+    """
+
+    CSS_PATH = "app.tcss"
+    TITLE = "workbench"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [
+        Binding("ctrl+c", "interrupt", "stop+save+exit", show=False, priority=True),
+        Binding("ctrl+q", "request_quit", "quit", show=False, priority=True),
+    ]
+
+    def __init__(self, session: Any, *, autostart: bool = True, poll_interval: float = 0.25,
+                 frozen: bool = False, clock: Callable[[], float] = time.time,
+                 handle_signals: bool = False) -> None:
+        super().__init__()
+        self.session = session
+        self.autostart = autostart
+        self.poll_interval = poll_interval
+        self.frozen = frozen
+        self.clock = clock
+        self.handle_signals = handle_signals
+        self.dashboard = DashboardScreen()
+        self._generation = 0
+        # Subscribe before the session starts so the first events are not missed.
+        self._bridge = EventBridge(self, session, self._generation)
+        self._logs = LogForwarder(self)
+        self._snapshot: Any = None
+        self._quitting: str | None = None  # the outcome to exit with once the run has stopped
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def get_default_screen(self) -> DashboardScreen:
+        return self.dashboard
+
+    def on_mount(self) -> None:
+        self._logs.install()
+        self._bridge.start()
+        if self.autostart and self.session.status == "idle":
+            self.session.start()
+        self.set_interval(self.poll_interval, self.poll)
+        self.call_after_refresh(self.poll)
+        if self.handle_signals:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._on_sigterm)
+
+    def on_unmount(self) -> None:
+        if self.handle_signals:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+        self._bridge.close()
+        self._logs.uninstall()
+
+    def now(self) -> float:
+        """The time ages are measured against (the snapshot's own time when frozen)."""
+        if self.frozen:
+            snap = self._snapshot or self.session.snapshot()
+            return snap.updated
+        return self.clock()
+
+    def poll(self) -> None:
+        """Show the newest snapshot (a cheap identity check when nothing changed)."""
+        snap = self.session.snapshot()
+        if snap is not self._snapshot:
+            self._snapshot = snap
+            self.title = snap.run_name or "workbench"
+            self.dashboard.show(snap, self.frozen)
+            screen = self.screen
+            if screen is not self.dashboard and isinstance(screen, CheckpointsScreen):
+                screen.show(snap, self.frozen)
+        if self._quitting is not None and self.session.status in TERMINAL:
+            self.exit(self.outcome())
+
+    def outcome(self) -> str:
+        """How the app ends, given the run's status and what the user asked for."""
+        if self.session.status == "failed":
+            return "failed"
+        return self._quitting or "finished"
+
+    # -- messages from threads ------------------------------------------------------------------
+
+    def on_session_event_arrived(self, message: SessionEventArrived) -> None:
+        if message.generation != self._generation:
+            return  # from a session the dashboard no longer follows
+        event = message.event
+        self.dashboard.log_event(event.kind, event.step, event.data)
+        if event.kind == "failed":
+            self.notify(str(event.data.get("error", "training failed")), title="run failed", severity="error")
+
+    def on_log_record_arrived(self, message: LogRecordArrived) -> None:
+        self.log_line(message.level, message.text)
+
+    def on_command_finished(self, message: CommandFinished) -> None:
+        if message.error is not None:
+            text = f"{message.what} failed: {message.error}"
+            self.log_line("error", text)
+            self.notify(text, severity="error")
+        elif message.what == "evaluate" and isinstance(message.result, dict):
+            loss = message.result.get("eval_loss")
+            if loss is not None:
+                self.notify(f"eval_loss {fmt_number(loss)}", timeout=3)
+
+    def on_run_replaced(self, message: RunReplaced) -> None:
+        self.follow(message.session)
+        self.log_line("info", message.note)
+        if message.session.status == "idle":
+            message.session.start()
+
+    def log_line(self, level: str, text: str) -> None:
+        """Add a line to the dashboard's event log."""
+        self.dashboard.log_line(level, text)
+
+    # -- commands -------------------------------------------------------------------------------
+
+    def run_command(self, what: str, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` in a thread (it may block: a save while paused, waiting for a stop) and
+        report the result with a CommandFinished message; a returned Future is waited for."""
+        def work() -> None:
+            try:
+                result = fn()
+                if isinstance(result, Future):
+                    result = result.result()
+            except BaseException as exc:  # noqa: BLE001 - reported in the UI
+                self.post_message(CommandFinished(what, error=exc))
+            else:
+                self.post_message(CommandFinished(what, result))
+
+        threading.Thread(target=work, name=f"workbench-tui-{what}", daemon=True).start()
+
+    def _ended(self, what: str) -> bool:
+        status = self.session.status
+        if status in TERMINAL or status == "idle":
+            self.notify(f"cannot {what}: the run is {status}", severity="warning")
+            return True
+        return False
+
+    def action_toggle_pause(self) -> None:
+        """Pause at the next step boundary, or resume a paused run."""
+        status = self.session.status
+        if status in ("paused", "pausing"):
+            self.session.resume()
+        elif not self._ended("pause") and status != "stopping":
+            self.session.pause()
+        self.poll()
+
+    def action_save(self) -> None:
+        """Save a checkpoint now (at the next step end while running)."""
+        if not self._ended("save"):
+            self.run_command("save", self.session.save)
+
+    def action_evaluate(self) -> None:
+        """Evaluate now (at the next step end while running; at once when paused or ended)."""
+        if self.session.status == "idle":
+            self.notify("cannot evaluate: the run has not started", severity="warning")
+            return
+        self.run_command("evaluate", self.session.evaluate)
+
+    def action_checkpoints(self) -> None:
+        """Open the checkpoint catalog."""
+        self.push_screen(CheckpointsScreen())
+
+    def action_inspect(self) -> None:
+        """Open the inspect screen (it pauses a running run first)."""
+        if self.session.status == "idle":
+            self.notify("nothing to inspect yet", severity="warning")
+            return
+        self.push_screen(InspectScreen(frozen=self.frozen))
+
+    def action_edit(self) -> None:
+        """Open the hyperparameter form."""
+        if self._ended("edit"):
+            return
+
+        def done(result: tuple[dict, Any] | None) -> None:
+            if result is None:
+                return
+            changes, applied = result
+            if isinstance(applied, Future):  # lands at the next step end; report a late refusal
+                shown = " ".join(f"{k}={fmt_lr(v) if k == 'learning_rate' else v}" for k, v in changes.items())
+                self.log_line("info", f"edit queued: {shown}")
+                self.run_command("edit", lambda: applied)
+
+        self.push_screen(EditForm(self.session, self.session.snapshot()), done)
+
+    def action_help(self) -> None:
+        """Show the key reference."""
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_request_quit(self) -> None:
+        """Quit at once when the run has ended; otherwise ask how to stop it."""
+        status = self.session.status
+        if status in TERMINAL or status == "idle":
+            self.exit(self.outcome())
+            return
+        if self._quitting is not None:
+            self.notify("stopping… (ctrl+c twice exits at once)", timeout=3)
+            return
+
+        def chosen(choice: str | None) -> None:
+            if choice == "save":
+                self._stop_and_exit("saved", save=True)
+            elif choice == "discard":
+                self._stop_and_exit("stopped", save=False)
+
+        if not isinstance(self.screen, QuitDialog):
+            self.push_screen(QuitDialog(self.session.snapshot().step), chosen)
+
+    def _stop_and_exit(self, outcome: str, save: bool) -> None:
+        self._quitting = outcome
+        self.session.stop(save=save)
+        self.log_line("warn", "stopping and saving…" if save else "stopping without saving…")
+        self.poll()
+
+    def action_interrupt(self) -> None:
+        """ctrl+c: stop and save, then exit (130); a second ctrl+c exits at once."""
+        if self._quitting is not None:
+            self.exit("aborted")
+        elif self.session.status in TERMINAL or self.session.status == "idle":
+            self.exit(self.outcome())
+        else:
+            self._stop_and_exit("interrupted", save=True)
+
+    def _on_sigterm(self) -> None:
+        if self._quitting is None and self.session.status not in TERMINAL:
+            self._stop_and_exit("terminated", save=True)
+        elif self.session.status in TERMINAL:
+            self._quitting = "terminated"
+            self.poll()
+
+    # -- switching runs ----------------------------------------------------------------------------
+
+    def follow(self, session: Any) -> None:
+        """Make the dashboard show and steer ``session`` (subscribing before it starts)."""
+        if session is not self.session:
+            self._bridge.close()
+            self._generation += 1
+            self.session = session
+            self._bridge = EventBridge(self, session, self._generation)
+            self._bridge.start()
+        self._snapshot = None
+        self.dashboard.reset()
+        while len(self.screen_stack) > 1:
+            self.pop_screen()
+        self.poll()
+
+    def resume_from(self, checkpoint: Any) -> None:
+        """Stop the current run (without saving) and resume it from ``checkpoint``."""
+        session = self.session
+        self.log_line("warn", f"stopping to resume from {checkpoint.name}…")
+
+        def work() -> Any:
+            _stop_and_wait(session)
+            session.resume_from(checkpoint.path)
+            self.post_message(RunReplaced(session, f"resumed from {checkpoint.name}"))
+
+        self.run_command("resume", work)
+
+    def branch_from(self, checkpoint: Any, output_dir: str, overrides: dict[str, Any]) -> None:
+        """Stop the current run (without saving) and follow a new run branched from ``checkpoint``."""
+        session = self.session
+        shown = ", ".join(f"{k}={v}" for k, v in overrides.items()) or "no overrides"
+        self.log_line("warn", f"stopping to branch from {checkpoint.name} ({shown})…")
+
+        def work() -> Any:
+            _stop_and_wait(session)
+            branch = session.branch(checkpoint.path, output_dir, **overrides)
+            self.post_message(RunReplaced(branch, f"branched from {checkpoint.name} into {Path(output_dir).name}"))
+
+        self.run_command("branch", work)
+
+
+def _stop_and_wait(session: Any) -> None:
+    """Stop ``session`` without saving and wait for its thread (a failed run is fine here)."""
+    if session.status not in TERMINAL and session.status != "idle":
+        session.stop(save=False)
+    try:
+        session.wait()
+    except BaseException:  # noqa: BLE001 - its failure is already on screen; we are replacing it
+        pass

@@ -1,0 +1,144 @@
+"""The two charts of the main screen, drawn with plotext (through textual-plotext).
+
+Drawing a plotext figure costs a few milliseconds of CPU, taken from the same GIL the
+training thread needs, so a chart redraws only when its data or options changed, and the
+dashboard calls ``show`` at a throttled rate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from textual_plotext import PlotextPlot
+
+from workbench.widgets.view import Point, downsample, fmt_number, smooth
+
+__all__ = ["LossChart", "RateChart", "step_ticks"]
+
+
+def step_ticks(lo: int, hi: int, count: int = 5) -> list[int]:
+    """Whole-number step ticks on "nice" multiples (1, 2, 5 x 10^k), so the axis reads 0 100 200."""
+    span = max(hi - lo, 1)
+    raw = span / max(count - 1, 1)
+    magnitude = 10 ** math.floor(math.log10(raw)) if raw >= 1 else 1
+    step = next((m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw), 10 * magnitude)
+    step = max(int(step), 1)
+    first = (lo // step) * step
+    return [t for t in range(first, hi + step, step) if lo <= t <= hi] or [lo]
+
+
+def _sci(value: float) -> str:
+    """A compact axis label for a learning rate: 2.8e-3 (rates span decades)."""
+    return f"{value:.1e}".replace("e-0", "e-").replace("e+0", "e").replace("e+", "e")
+
+
+def _log_points(points: Sequence[Point]) -> list[Point]:
+    return [(s, math.log10(v)) for s, v in points if v > 0 and math.isfinite(v)]
+
+
+class _Chart(PlotextPlot):
+    """A plot that remembers what it drew (``plotted``) and skips identical redraws."""
+
+    def __init__(self, *, id: str | None = None) -> None:  # noqa: A002 - Textual's name
+        super().__init__(id=id)
+        self._key: tuple | None = None
+        self.plotted: dict[str, list[Point]] = {}
+
+    def _begin(self) -> None:
+        plt = self.plt
+        plt.clear_figure()
+        plt.xfrequency(0)  # ticks are set explicitly (whole steps)
+        plt.frame(False)
+
+    def _x_axis(self, points: list[Point]) -> None:
+        if not points:
+            return
+        lo = min(p[0] for p in points)
+        hi = max(p[0] for p in points)
+        ticks = step_ticks(lo, hi, 4 if self.size.width < 50 else 6)
+        self.plt.xticks(ticks, [str(t) for t in ticks])
+
+    def _max_points(self) -> int:
+        # Braille cells hold two points across: more points than that are invisible.
+        return max(2 * self.size.width, 40)
+
+
+class LossChart(_Chart):
+    """Train loss (optionally smoothed) and eval loss on one step axis, linear or log y."""
+
+    def show(self, series: dict[str, Sequence[Point]], *, log_scale: bool = False, smoothing: bool = False) -> None:
+        """Draw ``series["loss"]`` and ``series["eval_loss"]`` (the eval_on_start point at step 0 included)."""
+        train = series.get("loss", ())
+        evals = series.get("eval_loss", ())
+        key = (train, evals, log_scale, smoothing, self.size)
+        if key == self._key:
+            return
+        self._key = key
+        self._begin()
+        plt = self.plt
+        width = self._max_points()
+        raw = downsample(train, width)
+        shown = {"loss": raw, "eval_loss": list(evals)}
+        if smoothing and raw:
+            shown["loss (smoothed)"] = downsample(smooth(train), width)
+        transform = _log_points if log_scale else (lambda pts: [p for p in pts if math.isfinite(p[1])])
+        drawn: list[Point] = []
+        if smoothing and raw:
+            faint = transform(raw)
+            if faint:
+                plt.plot([p[0] for p in faint], [p[1] for p in faint], marker="braille", color="gray")
+            pts = transform(shown["loss (smoothed)"])
+            if pts:
+                plt.plot([p[0] for p in pts], [p[1] for p in pts], marker="braille", color="cyan")
+            drawn += faint + pts
+        elif raw:
+            pts = transform(raw)
+            if pts:
+                plt.plot([p[0] for p in pts], [p[1] for p in pts], marker="braille", color="cyan")
+            drawn += pts
+        eval_pts = transform(shown["eval_loss"])
+        if eval_pts:
+            plt.scatter([p[0] for p in eval_pts], [p[1] for p in eval_pts], marker="●", color="orange")
+            drawn += eval_pts
+        self.plotted = shown
+        self._x_axis(drawn)
+        if log_scale and drawn:
+            lo, hi = min(p[1] for p in drawn), max(p[1] for p in drawn)
+            ticks = [lo + (hi - lo) * i / 3 for i in range(4)] if hi > lo else [lo]
+            plt.yticks(ticks, [fmt_number(10**t, 3) for t in ticks])
+        self.refresh()
+
+
+class RateChart(_Chart):
+    """Learning rate (left axis) and gradient norm (right axis) against steps."""
+
+    def show(self, series: dict[str, Sequence[Point]]) -> None:
+        """Draw ``series["learning_rate"]`` and ``series["grad_norm"]``."""
+        lr = series.get("learning_rate", ())
+        grad = series.get("grad_norm", ())
+        key = (lr, grad, self.size)
+        if key == self._key:
+            return
+        self._key = key
+        self._begin()
+        plt = self.plt
+        width = self._max_points()
+        lr_pts = [p for p in downsample(lr, width) if math.isfinite(p[1])]
+        grad_pts = [p for p in downsample(grad, width) if math.isfinite(p[1])]
+        if lr_pts:
+            plt.plot([p[0] for p in lr_pts], [p[1] for p in lr_pts], marker="braille", color="green",
+                     yside="left")
+            lo, hi = min(p[1] for p in lr_pts), max(p[1] for p in lr_pts)
+            ticks = [lo + (hi - lo) * i / 2 for i in range(3)] if hi > lo else [lo]
+            plt.yticks(ticks, [_sci(t) for t in ticks], yside="left")
+        if grad_pts:
+            plt.plot([p[0] for p in grad_pts], [p[1] for p in grad_pts], marker="braille", color="magenta",
+                     yside="right")
+            # Explicit labels: plotext's own right-axis labels get cut in narrow charts.
+            lo, hi = min(p[1] for p in grad_pts), max(p[1] for p in grad_pts)
+            ticks = [lo + (hi - lo) * i / 2 for i in range(3)] if hi > lo else [lo]
+            plt.yticks(ticks, [fmt_number(t, 2) for t in ticks], yside="right")
+        self.plotted = {"learning_rate": lr_pts, "grad_norm": grad_pts}
+        self._x_axis(lr_pts + grad_pts)
+        self.refresh()

@@ -1,0 +1,165 @@
+"""The main screen: header, progress, loss and LR/grad-norm charts, metrics, memory, event log.
+
+It owns no state about the run: the app hands it each new ``Snapshot`` (``show``) and each
+event (``log_event``), both on the app's loop. Keys here are the run's controls; they call
+the app's actions, which talk to the Session.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from workbench.widgets.view import TERMINAL, describe_event
+
+from .charts import LossChart, RateChart
+from .panels import EventLog, MemoryPanel, MetricsTable, ProgressPanel, RunHeader, SummaryPanel
+
+__all__ = ["DashboardScreen"]
+
+# Charts cost a few ms to draw (CPU the training thread could use); once a second is
+# enough for curves that move by a few pixels.
+CHART_INTERVAL = 1.0
+
+
+class DashboardScreen(Screen):
+    """Everything about the run on one screen, readable at 80x24."""
+
+    BINDINGS = [
+        Binding("space,p", "app.toggle_pause", "pause"),
+        Binding("s", "app.save", "save"),
+        Binding("e", "app.evaluate", "eval"),
+        Binding("c", "app.checkpoints", "ckpts"),
+        Binding("i", "app.inspect", "inspect"),
+        Binding("l", "app.edit", "edit"),
+        Binding("y", "toggle_log", "log-y"),
+        Binding("m", "toggle_smooth", "smooth"),
+        Binding("q", "app.request_quit", "quit"),
+        Binding("question_mark", "app.help", "help", key_display="?"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__(id="dashboard")
+        self.log_scale = False
+        self.smoothing = False
+        self._chart_at = 0.0
+        self._series: dict | None = None  # what the charts show
+        self._pending: dict | None = None  # newer series waiting for the throttle
+        self._chart_timer: Any = None
+        self._snapshot: Any = None
+        self._backlog: list[tuple[str, str]] = []
+
+    def compose(self) -> ComposeResult:
+        yield RunHeader(id="header")
+        yield ProgressPanel(id="progress")
+        yield SummaryPanel(id="summary")
+        with Horizontal(id="charts"):
+            yield LossChart(id="loss-chart")
+            yield RateChart(id="rate-chart")
+        with Horizontal(id="panels"):
+            yield MetricsTable(id="metrics")
+            yield MemoryPanel(id="memory")
+            yield EventLog(id="events", max_lines=1000, wrap=True, markup=False, min_width=10)
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#loss-chart").border_title = "loss [cyan]train[/] [orange1]● eval[/]"
+        self.query_one("#rate-chart").border_title = "[green]lr[/] · [magenta]grad norm[/]"
+        self.query_one("#metrics").border_title = "metrics"
+        self.query_one("#memory").border_title = "memory"
+        self.query_one("#events").border_title = "events"
+        self.query_one("#summary").display = False
+        if self._backlog:
+            level, text = self._backlog.pop()
+            self.log_line(level, text)
+
+    # -- updates from the app ---------------------------------------------------------------
+
+    def show(self, snapshot: Any, frozen: bool = False) -> None:
+        """Show a new snapshot (charts at most every CHART_INTERVAL seconds)."""
+        if not self.query(RunHeader):
+            return  # not composed yet: the next poll shows it
+        self._snapshot = snapshot
+        self.query_one(RunHeader).show(snapshot, frozen)
+        done = snapshot.status in TERMINAL
+        progress = self.query_one(ProgressPanel)
+        summary = self.query_one(SummaryPanel)
+        if summary.display != done:  # a display change is a layout pass: only on the switch
+            progress.display = not done
+            summary.display = done
+        if done:
+            summary.show(snapshot, frozen)
+        else:
+            progress.show(snapshot, frozen)
+        self.query_one(MetricsTable).show(snapshot.series, snapshot.best_metric, snapshot.best_step)
+        self.query_one(MemoryPanel).show(snapshot.memory, frozen)
+        if snapshot.series is not self._series and snapshot.series is not self._pending:
+            self._pending = snapshot.series
+            wait = CHART_INTERVAL - (time.monotonic() - self._chart_at)
+            if wait <= 0 or done:
+                self._flush_charts()
+            elif self._chart_timer is None:
+                # Throttled: draw when the interval is over, even if no newer snapshot comes
+                # (a paused run publishes one snapshot after an evaluation, then none).
+                self._chart_timer = self.set_timer(wait, self._flush_charts)
+
+    def _flush_charts(self) -> None:
+        self._chart_timer = None
+        if self._pending is None:
+            return
+        self._series, self._pending = self._pending, None
+        self._chart_at = time.monotonic()
+        self._draw_charts()
+
+    def reset(self) -> None:
+        """Forget the drawn series (a resumed or branched run starts new ones)."""
+        self._series = self._pending = None
+        self._chart_at = 0.0
+
+    def _draw_charts(self) -> None:
+        series = self._series or {}
+        self.query_one(LossChart).show(series, log_scale=self.log_scale, smoothing=self.smoothing)
+        self.query_one(RateChart).show(series)
+
+    def log_event(self, kind: str, step: int, data: dict[str, Any]) -> None:
+        """Add a session event to the log (ordinary loss logs are left to the chart)."""
+        described = describe_event(kind, step, data)
+        if described is not None:
+            self.log_line(*described)
+
+    def log_line(self, level: str, text: str) -> None:
+        """Add one line to the event log (kept until the log exists: events can come first)."""
+        logs = self.query(EventLog)
+        if not logs:
+            self._backlog.append((level, text))
+            return
+        log = logs.first()
+        backlog, self._backlog = self._backlog, []
+        for early in backlog:  # in order: the backlog came first
+            log.add(*early)
+        log.add(level, text)
+
+    def on_resize(self) -> None:
+        # The charts pick their point count and ticks from their size.
+        if self._series is not None:
+            self.call_after_refresh(self._draw_charts)
+
+    # -- chart toggles --------------------------------------------------------------------------
+
+    def action_toggle_log(self) -> None:
+        """Switch the loss chart between a linear and a log y axis."""
+        self.log_scale = not self.log_scale
+        self._draw_charts()
+        self.notify(f"loss axis: {'log' if self.log_scale else 'linear'}", timeout=2)
+
+    def action_toggle_smooth(self) -> None:
+        """Show the train loss raw, or smoothed over the raw curve."""
+        self.smoothing = not self.smoothing
+        self._draw_charts()
+        self.notify(f"smoothing {'on' if self.smoothing else 'off'}", timeout=2)

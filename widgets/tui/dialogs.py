@@ -1,0 +1,76 @@
+"""Small modal dialogs: quit (stop and save / stop without saving / cancel) and yes/no."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Static
+
+__all__ = ["QuitDialog", "ConfirmDialog"]
+
+_MOVE = [
+    Binding("escape", "cancel", "cancel"),
+    Binding("left,up", "app.focus_previous", show=False),
+    Binding("right,down", "app.focus_next", show=False),
+]
+
+
+class QuitDialog(ModalScreen[str]):
+    """Ask how to leave a running run. Dismisses with "save", "discard" or "cancel".
+
+    "Stop and save" has the focus, so q then Enter always keeps the work (DESIGN.md);
+    Escape cancels.
+    """
+
+    BINDINGS = _MOVE
+    AUTO_FOCUS = "#quit-save"
+
+    def __init__(self, step: int) -> None:
+        super().__init__(classes="dialog-screen")
+        self.step = step
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Static(f"The run is at step {self.step}. Stop it and quit?", classes="dialog-text")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Stop and save", id="quit-save", variant="primary")
+                yield Button("Stop without saving", id="quit-discard", variant="error")
+                yield Button("Cancel", id="quit-cancel")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss((event.button.id or "quit-cancel").removeprefix("quit-"))
+
+    def action_cancel(self) -> None:
+        """Escape: keep the run going."""
+        self.dismiss("cancel")
+
+
+class ConfirmDialog(ModalScreen[bool]):
+    """A yes/no question; the safe answer ("No") has the focus unless ``default_yes``."""
+
+    BINDINGS = _MOVE
+
+    def __init__(self, question: str, yes: str = "Yes", default_yes: bool = False) -> None:
+        super().__init__(classes="dialog-screen")
+        self.question = question
+        self.yes = yes
+        self.default_yes = default_yes
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Static(self.question, classes="dialog-text")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button(self.yes, id="confirm-yes", variant="warning")
+                yield Button("No", id="confirm-no")
+
+    def on_mount(self) -> None:
+        self.query_one("#confirm-yes" if self.default_yes else "#confirm-no", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "confirm-yes")
+
+    def action_cancel(self) -> None:
+        """Escape: no."""
+        self.dismiss(False)

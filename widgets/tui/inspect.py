@@ -1,0 +1,160 @@
+"""The inspect screen: a look inside the paused model.
+
+Per-layer parameter and gradient norms, update ratios, NaN/Inf counts, the current learning
+rates, the last batch's shapes and memory details; for causal LMs, a prompt box that samples
+from the paused model. The reading runs in a worker thread (it reads every tensor), and the
+run is paused first, so it reads a model that is not changing underneath.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Input, Static
+from textual.worker import Worker, WorkerState
+
+from workbench.widgets.view import fmt_bytes, fmt_lr, fmt_number
+
+__all__ = ["InspectScreen", "inspect_summary", "memory_line"]
+
+TERMINAL = ("finished", "stopped", "failed")
+
+
+def inspect_summary(report: dict[str, Any]) -> list[str]:
+    """Header lines: step, learning rates, batch shapes, NaN/Inf totals (Textual markup)."""
+    layers = report.get("layers", [])
+    nan = sum(r["nan"] for r in layers)
+    inf = sum(r["inf"] for r in layers)
+    lrs = ", ".join(fmt_lr(lr) for lr in report.get("learning_rates", [])) or "-"
+    shapes = ", ".join(f"{k} {tuple(v)}" for k, v in report.get("batch_shapes", {}).items()) or "-"
+    params = sum(_numel(r["shape"]) for r in layers)
+    bad = f"[bold red]NaN {nan}  Inf {inf}[/]" if nan or inf else "[green]no NaN/Inf[/]"
+    return [
+        f"step {report.get('step', '?')} · {len(layers)} tensors · {params:,} parameters · {bad}",
+        f"learning rates: {lrs}",
+        f"last batch: {shapes}",
+    ]
+
+
+def _numel(shape: Any) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def memory_line(report: Any, host: bool = True) -> str:
+    """Every figure of a MemoryReport in two lines: the model's tensors, then device and host."""
+    if report is None:
+        return "memory: -"
+    first = (f"memory: parameters {fmt_bytes(report.parameters)} · gradients {fmt_bytes(report.gradients)}"
+             f" · optimizer state {fmt_bytes(report.optimizer_state)}")
+    if report.device_allocated is not None:
+        second = (f"{report.device_type}: allocated {fmt_bytes(report.device_allocated)} · reserved "
+                  f"{fmt_bytes(report.device_reserved)} · peak {fmt_bytes(report.device_peak)}")
+    else:
+        second = f"{report.device_type}: no allocator counters"
+    if host:
+        second += f" · host RSS {fmt_bytes(report.host_rss)} (peak {fmt_bytes(report.host_peak)})"
+    return f"{first}\n{second}"
+
+
+class InspectScreen(Screen):
+    """Statistics of the paused model, read once when the screen opens (r reads again)."""
+
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "back"),
+        Binding("r", "reload", "read again"),
+        Binding("question_mark", "app.help", "help", key_display="?"),
+    ]
+
+    def __init__(self, frozen: bool = False) -> None:
+        super().__init__(id="inspect")
+        self.frozen = frozen
+        self.report: dict[str, Any] | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("pausing the run…", id="inspect-summary")
+        yield Static("", id="inspect-memory")
+        yield DataTable(id="layers", cursor_type="row", zebra_stripes=True)
+        with Vertical(id="sampling"):
+            yield Input(placeholder="prompt, then enter: a sample from the paused model", id="prompt", compact=True)
+            yield Static("", id="sample")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        table = self.query_one("#layers", DataTable)
+        table.border_title = "layers (norms; update = the optimizer's next step / weight norm)"
+        for label in ("tensor", "shape", "param", "grad", "update", "nan/inf"):
+            table.add_column(label, key=label)
+        self.query_one("#sampling").border_title = "sample"
+        self.query_one("#sampling").display = False
+        self.action_reload()
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    def action_reload(self) -> None:
+        """Pause (if needed) and read the model's statistics in a worker thread."""
+        self.query_one("#inspect-summary", Static).update("pausing the run and reading the model…")
+        self._read()
+
+    @work(thread=True, exclusive=True, group="inspect", exit_on_error=False)
+    def _read(self) -> tuple[dict[str, Any], Any, bool]:
+        session = self.app.session
+        if session.status in ("running", "pausing", "evaluating", "saving"):
+            session.pause(wait=True)  # a blocking wait: this is a worker thread, not the UI
+        report = session.inspect()
+        memory = session.memory()
+        model = session.model
+        can_sample = hasattr(model, "generate") and "CausalLM" in (getattr(model, "loss_type", None) or type(model).__name__)
+        return report, memory, can_sample
+
+    @work(thread=True, exclusive=True, group="sample", exit_on_error=False)
+    def _sample(self, prompt: str) -> str:
+        return self.app.session.sample(prompt, max_new_tokens=80)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        worker = event.worker
+        if event.state == WorkerState.ERROR:
+            target = "#sample" if worker.group == "sample" else "#inspect-summary"
+            self.query_one(target, Static).update(Text(f"{type(worker.error).__name__}: {worker.error}", style="red"))
+        elif event.state == WorkerState.SUCCESS and worker.group == "inspect":
+            self.show_report(*worker.result)
+        elif event.state == WorkerState.SUCCESS and worker.group == "sample":
+            prompt = self.query_one("#prompt", Input).value
+            text = Text(prompt, style="bold")
+            text.append(worker.result)
+            self.query_one("#sample", Static).update(text)
+
+    def show_report(self, report: dict[str, Any], memory: Any, can_sample: bool) -> None:
+        """Fill the table and the side panel from an ``inspect()`` report."""
+        self.report = report
+        self.query_one("#inspect-summary", Static).update("\n".join(inspect_summary(report)))
+        table = self.query_one("#layers", DataTable)
+        table.clear()
+        for row in report.get("layers", []):
+            bad = row["nan"] + row["inf"]
+            table.add_row(
+                row["name"],
+                "×".join(str(d) for d in row["shape"]),
+                Text(fmt_number(row["param_norm"]), justify="right"),
+                Text(fmt_number(row["grad_norm"]), justify="right"),
+                Text(fmt_number(row["update_ratio"], 3), justify="right"),
+                Text(f"{row['nan']}/{row['inf']}", style="bold red" if bad else "dim"),
+                key=row["name"],
+            )
+        self.query_one("#inspect-memory", Static).update(memory_line(memory, host=not self.frozen))
+        self.query_one("#sampling").display = can_sample
+        if can_sample:
+            self.query_one("#prompt", Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.value.strip():
+            self.query_one("#sample", Static).update(Text("sampling…", style="dim"))
+            self._sample(event.value)

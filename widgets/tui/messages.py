@@ -1,0 +1,51 @@
+"""Messages that carry news from background threads to the app's event loop.
+
+Textual widgets are not thread-safe. Threads (the event forwarder, command workers) only
+ever *post* these messages (``post_message`` is thread-safe); the handlers run on the
+app's loop, where touching widgets is allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.message import Message
+
+__all__ = ["SessionEventArrived", "CommandFinished", "RunReplaced", "LogRecordArrived"]
+
+
+class SessionEventArrived(Message):
+    """A ``SessionEvent`` from the session of generation ``generation``."""
+
+    def __init__(self, event: Any, generation: int) -> None:
+        super().__init__()
+        self.event = event
+        self.generation = generation
+
+
+class CommandFinished(Message):
+    """A command that ran off the UI thread ended: ``error`` is None on success."""
+
+    def __init__(self, what: str, result: Any = None, error: BaseException | None = None) -> None:
+        super().__init__()
+        self.what = what
+        self.result = result
+        self.error = error
+
+
+class RunReplaced(Message):
+    """The dashboard now follows ``session`` (after a resume-from or a branch)."""
+
+    def __init__(self, session: Any, note: str) -> None:
+        super().__init__()
+        self.session = session
+        self.note = note
+
+
+class LogRecordArrived(Message):
+    """A warning or error logged by the core (the ``workbench`` logger) or by ``warnings``."""
+
+    def __init__(self, level: str, text: str) -> None:
+        super().__init__()
+        self.level = level
+        self.text = text

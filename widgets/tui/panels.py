@@ -1,0 +1,229 @@
+"""The panels of the main screen. Each shows one part of a ``Snapshot`` and is updated by
+the dashboard on the app's loop (never from another thread)."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widget import Widget
+from textual.widgets import RichLog, Static
+
+from workbench.widgets.view import (
+    MemoryRow,
+    MetricRow,
+    fmt_bytes,
+    fmt_clock,
+    fmt_number,
+    memory_rows,
+    metric_rows,
+    progress_line,
+    status_label,
+    summary_lines,
+)
+
+__all__ = ["RunHeader", "ProgressPanel", "MetricsTable", "MemoryPanel", "EventLog", "SummaryPanel"]
+
+STATUSES = ("idle", "running", "pausing", "paused", "evaluating", "saving", "stopping", "finished", "stopped", "failed")
+
+
+def set_text(widget: Static, content: str | Text) -> None:
+    """Update a fixed-size Static only when its text changed, without a layout pass.
+
+    At ~8 updates a second, re-laying out the screen for every label was most of the
+    dashboard's CPU use; these labels never change size, so a repaint is enough.
+    """
+    if widget.content != content:
+        widget.update(content, layout=False)
+
+
+class RunHeader(Horizontal):
+    """One line: run name, status badge, device, elapsed time."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("workbench", id="run-name")
+        yield Static(" IDLE ", id="badge", classes="status-idle")
+        yield Static("", id="device")
+        yield Static("", id="elapsed")
+
+    def show(self, snapshot: Any, frozen_clock: bool = False) -> None:
+        """Show ``snapshot``; ``frozen_clock`` hides the ticking elapsed time (snapshot tests)."""
+        name = self.query_one("#run-name", Static)
+        if str(name.content) != (snapshot.run_name or "workbench"):
+            name.update(Text(snapshot.run_name or "workbench", style="bold"))  # width: auto, so a layout pass
+        badge = self.query_one("#badge", Static)
+        label = f" {status_label(snapshot.status)} "
+        if badge.content != label:
+            badge.update(label, layout=False)
+            for status in STATUSES:
+                badge.set_class(status == snapshot.status, f"status-{status}")
+        set_text(self.query_one("#device", Static), snapshot.device or "")
+        elapsed = "-:--:--" if frozen_clock else fmt_clock(snapshot.elapsed)
+        set_text(self.query_one("#elapsed", Static), f"elapsed {elapsed}")
+
+
+class StepBar(Widget):
+    """A one-line bar of step / max_steps with the percentage.
+
+    Textual's ProgressBar is four widgets with its own ETA clock; this is one render of
+    one line, which matters when it is redrawn several times a second next to training.
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:  # noqa: A002 - Textual's name
+        super().__init__(id=id)
+        self.done = 0
+        self.total = 0
+
+    def _drawn(self, done: int, total: int) -> tuple[int, int]:
+        fraction = min(done / total, 1.0) if total else 0.0
+        return int(fraction * max(self.size.width - 6, 1)), round(fraction * 100)
+
+    def set(self, done: int, total: int) -> None:
+        """Show ``done`` of ``total`` steps (redraws only when the drawn bar would change)."""
+        if self._drawn(done, total) != self._drawn(self.done, self.total):
+            self.refresh()
+        self.done, self.total = done, total
+
+    def render(self) -> Text:
+        width = max(self.size.width - 6, 1)
+        fraction = min(self.done / self.total, 1.0) if self.total else 0.0
+        filled = int(fraction * width)
+        bar = Text(no_wrap=True)
+        bar.append("━" * filled, style="bold dodger_blue2")
+        bar.append("━" * (width - filled), style="grey23")
+        bar.append(f" {fraction * 100:4.0f}%")
+        return bar
+
+
+class ProgressPanel(Vertical):
+    """A progress bar over max_steps, then step, epoch, throughput and ETA."""
+
+    def compose(self) -> ComposeResult:
+        yield StepBar(id="progress-bar")
+        yield Static("", id="progress-line")
+
+    def show(self, snapshot: Any, frozen_clock: bool = False) -> None:
+        """Show ``snapshot``'s progress; ``frozen_clock`` hides speeds and the ETA (snapshot tests)."""
+        self.query_one(StepBar).set(snapshot.step, snapshot.max_steps)
+        line = progress_line(snapshot)
+        if frozen_clock:
+            line = f"step {snapshot.step}/{snapshot.max_steps or '?'}" + (
+                f" · epoch {snapshot.epoch:.2f}" if snapshot.epoch is not None else "")
+        set_text(self.query_one("#progress-line", Static), line)
+
+
+class MetricsTable(Widget):
+    """Latest and best value of every evaluation metric (and the train loss); ★ marks the
+    metric that picks the best checkpoint, bold marks a latest value that is the best so far."""
+
+    def __init__(self, *, id: str | None = None) -> None:  # noqa: A002 - Textual's name
+        super().__init__(id=id)
+        self.rows: list[MetricRow] = []
+
+    def show(self, series: dict, best_metric: float | None, best_step: int | None) -> None:
+        """Redraw when the values changed."""
+        rows = metric_rows(series, best_metric, best_step)
+        if rows != self.rows:
+            self.rows = rows
+            self.refresh()
+
+    def render(self) -> Table | Text:
+        if not self.rows:
+            return Text("no evaluation yet", style="dim")
+        wide = self.size.width >= 36
+        table = Table(box=None, padding=(0, 1, 0, 0), expand=True, show_edge=False, header_style="bold")
+        table.add_column("metric", ratio=1, no_wrap=True, overflow="ellipsis")
+        table.add_column("last", justify="right", no_wrap=True)
+        table.add_column("best", justify="right", no_wrap=True)
+        if wide:
+            table.add_column("@step", justify="right", no_wrap=True)
+        for row in self.rows:
+            name = "train loss" if row.name == "loss" else row.name if row.name == "eval_loss" \
+                else row.name.removeprefix("eval_")
+            latest = Text(fmt_number(row.latest), style="bold" if row.latest is not None and row.latest == row.best else "")
+            best = Text(fmt_number(row.best))
+            best.append("★" if row.selects_best else " ", style="bold yellow")
+            cells = [name, latest, best]
+            if wide:
+                cells.append("-" if row.best_step is None else str(row.best_step))
+            table.add_row(*cells)
+        return table
+
+
+class MemoryPanel(Widget):
+    """Memory bars with numbers: model tensors against their sum, device/host against their peak."""
+
+    def __init__(self, *, id: str | None = None) -> None:  # noqa: A002 - Textual's name
+        super().__init__(id=id)
+        self._rows: list[MemoryRow] = []
+
+    def show(self, report: Any, frozen: bool = False) -> None:
+        """Show ``report`` (a MemoryReport); ``frozen`` hides process-dependent host figures (tests)."""
+        rows = memory_rows(report)
+        if frozen:
+            rows = [r for r in rows if r.label != "host"]
+        if rows != self._rows:
+            self._rows = rows
+            self.refresh()
+
+    def render(self) -> Text:
+        if not self._rows:
+            return Text("waiting for the first reading…", style="dim")
+        width = self.size.width
+        out = Text(no_wrap=True, overflow="ellipsis")
+        for i, row in enumerate(self._rows):
+            if i:
+                out.append("\n")
+            out.append(f"{row.label:<7}", style="bold")
+            if row.value is None:
+                out.append(row.note, style="dim")
+                continue
+            number = fmt_bytes(row.value)
+            if row.peak is not None and width >= 34:
+                number = f"{number}/{fmt_bytes(row.peak)}"
+            elif row.note and width >= 30:
+                number = f"{number} {row.note}"
+            bar_width = max(width - 7 - len(number) - 1, 0)
+            filled = 0
+            if row.scale:
+                filled = round(bar_width * min(row.value / row.scale, 1.0))
+            out.append("█" * filled, style="cyan")
+            out.append("░" * (bar_width - filled), style="grey35")
+            out.append(" " + number)
+        return out
+
+
+class EventLog(RichLog):
+    """Evaluations, saves, pauses, edits, warnings and errors, newest at the bottom."""
+
+    STYLES = {"info": "", "good": "green", "warn": "yellow", "error": "bold red"}
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # The entries as written (the widget keeps only wrapped strips): for copying and tests.
+        self.history: deque[str] = deque(maxlen=self.max_lines or 1000)
+
+    def add(self, level: str, text: str) -> None:
+        """Append one line coloured by ``level``."""
+        self.history.append(text)
+        self.write(Text(text, style=self.STYLES.get(level, "")))
+
+
+class SummaryPanel(Static):
+    """The run's outcome, kept on screen after it ends: best checkpoint, final metrics, files."""
+
+    def show(self, snapshot: Any, frozen_clock: bool = False) -> None:
+        """Show the summary of a finished, stopped or failed ``snapshot`` in three lines
+        (four with an error), so the charts keep their room at 80x24."""
+        lines = summary_lines(snapshot, with_time=not frozen_clock)
+        head = [lines[0]] + [line for line in lines[1:] if line.startswith(("best ", "newest "))]
+        rest = [line for line in lines[1:] if not line.startswith(("best ", "newest "))]
+        text = Text(" · ".join(head), style="bold")
+        for line in rest:
+            text.append("\n" + line, style="red" if line.startswith("error:") else "")
+        text.append("  (q quits, c checkpoints)", style="dim")
+        self.update(text)
