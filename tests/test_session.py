@@ -994,3 +994,46 @@ def test_keyboard_interrupt_in_wait_pauses_instead_of_killing(tmp_path, sessions
     session.set(max_steps=step + 3)
     assert finish(session) == "finished"
     assert trainer.state.global_step == step + 3
+
+
+# ----------------------------------------------------------------- out-of-memory report
+
+
+class OOMAtStep(torch.nn.Module):
+    """A classifier that raises torch's real OutOfMemoryError on its 3rd training forward."""
+
+    loss_type = "ForSequenceClassification"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(32, 4)
+        self.calls = 0
+
+    def forward(self, x):  # no labels: the Trainer computes the default classification loss
+        if self.training:
+            self.calls += 1
+            if self.calls == 3:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        logits = self.net(x)
+        return {"logits": logits}
+
+
+def test_out_of_memory_writes_a_memory_report_before_the_error(tmp_path):
+    from workbench import Trainer, TrainingArguments
+    from workbench.data import load_builtin_data
+    from workbench.tracking import read_events
+
+    train, _ = load_builtin_data("random-classification", n_train=64)
+    model = OOMAtStep()
+    args = TrainingArguments(str(tmp_path), max_steps=5, per_device_train_batch_size=8, disable_tqdm=True,
+                             save_strategy="no", report_to="none")
+    trainer = Trainer(model=model, args=args, train_dataset=train)
+    with pytest.raises(torch.OutOfMemoryError):
+        trainer.train()
+    events = read_events(tmp_path)
+    kinds = [e["event"] for e in events]
+    assert kinds[-2:] == ["oom", "error"]
+    oom = events[-2]
+    expected = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert oom["parameters"] == expected and oom["step"] == 2
+    assert oom["optimizer_state"] > 0 and oom["host_rss"] > 0

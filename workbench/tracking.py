@@ -107,11 +107,22 @@ class EventLogCallback(TrainerCallback):
             out.write("end", state.global_step, epoch=state.epoch, status="stopped" if
                       state.global_step < state.max_steps else "finished")
 
-    def on_error(self, args, state, control, error=None, **kwargs):
+    def on_error(self, args, state, control, error=None, model=None, optimizer=None, **kwargs):
         out = self._out(args, state)
         if out and error is not None and not isinstance(error, KeyboardInterrupt):
+            if _is_out_of_memory(error):
+                # What filled the memory, recorded while the tensors still exist.
+                from .memory import memory_report
+
+                out.write("oom", state.global_step, **memory_report(model, optimizer).to_dict())
             out.write("error", state.global_step, error=f"{type(error).__name__}: {error}",
                       traceback="".join(traceback.format_exception(error)))
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    import torch
+
+    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
 
 
 class TrackioCallback(TrainerCallback):
