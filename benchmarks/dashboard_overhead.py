@@ -85,7 +85,7 @@ def with_dashboard(steps: int, out: str, size: tuple[int, int]) -> Clock:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--size", default="120x40", help="terminal size of the dashboard, WxH")
     ns = parser.parse_args()

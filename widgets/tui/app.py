@@ -87,6 +87,7 @@ class DashboardApp(App[str]):
         self._logs = LogForwarder(self)
         self._snapshot: Any = None
         self._quitting: str | None = None  # the outcome to exit with once the run has stopped
+        self._exiting = False
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -126,7 +127,8 @@ class DashboardApp(App[str]):
             screen = self.screen
             if screen is not self.dashboard and isinstance(screen, CheckpointsScreen):
                 screen.show(snap, self.frozen)
-        if self._quitting is not None and self.session.status in TERMINAL:
+        if self._quitting is not None and self.session.status in TERMINAL and not self._exiting:
+            self._exiting = True  # exit() once; later polls may still run while the app closes
             self.exit(self.outcome())
 
     def outcome(self) -> str:

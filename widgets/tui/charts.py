@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from textual_plotext import PlotextPlot
 
@@ -43,7 +44,21 @@ class _Chart(PlotextPlot):
     def __init__(self, *, id: str | None = None) -> None:  # noqa: A002 - Textual's name
         super().__init__(id=id)
         self._key: tuple | None = None
+        self._version = 0  # bumped by every redraw request
+        self._rendered: tuple[tuple, Any] | None = None
         self.plotted: dict[str, list[Point]] = {}
+
+    def render(self) -> Any:
+        # Textual may ask for the content again (a neighbour repainting, a screen switch);
+        # plotext would rebuild the whole figure each time, so reuse the last build.
+        key = (self._version, self.size, self.app.theme)
+        if self._rendered is None or self._rendered[0] != key:
+            self._rendered = (key, super().render())
+        return self._rendered[1]
+
+    def refresh(self, *args: Any, **kwargs: Any) -> Any:
+        self._version += 1
+        return super().refresh(*args, **kwargs)
 
     def _begin(self) -> None:
         plt = self.plt
@@ -135,10 +150,11 @@ class RateChart(_Chart):
         if grad_pts:
             plt.plot([p[0] for p in grad_pts], [p[1] for p in grad_pts], marker="braille", color="magenta",
                      yside="right")
-            # Explicit labels: plotext's own right-axis labels get cut in narrow charts.
+            # Explicit labels with a trailing space: plotext (5.3) drops the last character
+            # of right-axis labels in some layouts.
             lo, hi = min(p[1] for p in grad_pts), max(p[1] for p in grad_pts)
             ticks = [lo + (hi - lo) * i / 2 for i in range(3)] if hi > lo else [lo]
-            plt.yticks(ticks, [fmt_number(t, 2) for t in ticks], yside="right")
+            plt.yticks(ticks, [f"{fmt_number(t, 2)} " for t in ticks], yside="right")
         self.plotted = {"learning_rate": lr_pts, "grad_norm": grad_pts}
         self._x_axis(lr_pts + grad_pts)
         self.refresh()

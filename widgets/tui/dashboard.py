@@ -12,7 +12,8 @@ from typing import Any
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer
 
@@ -23,9 +24,9 @@ from .panels import EventLog, MemoryPanel, MetricsTable, ProgressPanel, RunHeade
 
 __all__ = ["DashboardScreen"]
 
-# Charts cost a few ms to draw (CPU the training thread could use); once a second is
-# enough for curves that move by a few pixels.
-CHART_INTERVAL = 1.0
+# Charts and the metrics table cost a few ms to draw (CPU the training thread could use);
+# every two seconds is enough for curves that move by a few pixels.
+CHART_INTERVAL = 2.0
 
 
 class DashboardScreen(Screen):
@@ -54,6 +55,7 @@ class DashboardScreen(Screen):
         self._chart_timer: Any = None
         self._snapshot: Any = None
         self._backlog: list[tuple[str, str]] = []
+        self._best: tuple[float | None, int | None] = (None, None)
 
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header")
@@ -83,8 +85,12 @@ class DashboardScreen(Screen):
 
     def show(self, snapshot: Any, frozen: bool = False) -> None:
         """Show a new snapshot (charts at most every CHART_INTERVAL seconds)."""
-        if not self.query(RunHeader):
-            return  # not composed yet: the next poll shows it
+        try:
+            self._show(snapshot, frozen)
+        except NoMatches:
+            pass  # a panel has not composed its parts yet: the next poll shows it
+
+    def _show(self, snapshot: Any, frozen: bool) -> None:
         self._snapshot = snapshot
         self.query_one(RunHeader).show(snapshot, frozen)
         done = snapshot.status in TERMINAL
@@ -97,7 +103,7 @@ class DashboardScreen(Screen):
             summary.show(snapshot, frozen)
         else:
             progress.show(snapshot, frozen)
-        self.query_one(MetricsTable).show(snapshot.series, snapshot.best_metric, snapshot.best_step)
+        self._best = (snapshot.best_metric, snapshot.best_step)
         self.query_one(MemoryPanel).show(snapshot.memory, frozen)
         if snapshot.series is not self._series and snapshot.series is not self._pending:
             self._pending = snapshot.series
@@ -123,9 +129,11 @@ class DashboardScreen(Screen):
         self._chart_at = 0.0
 
     def _draw_charts(self) -> None:
+        # The metrics table follows the same series, so it keeps the charts' pace.
         series = self._series or {}
         self.query_one(LossChart).show(series, log_scale=self.log_scale, smoothing=self.smoothing)
         self.query_one(RateChart).show(series)
+        self.query_one(MetricsTable).show(series, *self._best)
 
     def log_event(self, kind: str, step: int, data: dict[str, Any]) -> None:
         """Add a session event to the log (ordinary loss logs are left to the chart)."""

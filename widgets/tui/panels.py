@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -131,27 +130,36 @@ class MetricsTable(Widget):
             self.rows = rows
             self.refresh()
 
-    def render(self) -> Table | Text:
+    def render(self) -> Text:
+        # Plain fixed-width columns: a rich Table costs several ms per draw.
         if not self.rows:
             return Text("no evaluation yet", style="dim")
-        wide = self.size.width >= 36
-        table = Table(box=None, padding=(0, 1, 0, 0), expand=True, show_edge=False, header_style="bold")
-        table.add_column("metric", ratio=1, no_wrap=True, overflow="ellipsis")
-        table.add_column("last", justify="right", no_wrap=True)
-        table.add_column("best", justify="right", no_wrap=True)
-        if wide:
-            table.add_column("@step", justify="right", no_wrap=True)
+        width = self.size.width
+        wide = width >= 36
+        digits = 4 if width >= 30 else 3  # at 80 columns the names need the room
+        cells = []
         for row in self.rows:
             name = "train loss" if row.name == "loss" else row.name if row.name == "eval_loss" \
                 else row.name.removeprefix("eval_")
-            latest = Text(fmt_number(row.latest), style="bold" if row.latest is not None and row.latest == row.best else "")
-            best = Text(fmt_number(row.best))
-            best.append("★" if row.selects_best else " ", style="bold yellow")
-            cells = [name, latest, best]
+            step = "-" if row.best_step is None else str(row.best_step)
+            cells.append((name, fmt_number(row.latest, digits), fmt_number(row.best, digits), step, row))
+        last_w = max(4, *(len(c[1]) for c in cells))
+        best_w = max(4, *(len(c[2]) for c in cells)) + 1  # + the ★ column
+        step_w = max(5, *(len(c[3]) for c in cells)) if wide else 0
+        name_w = max(width - last_w - best_w - (step_w + 1 if wide else 0) - 3, 4)
+        out = Text(no_wrap=True, overflow="ellipsis")
+        header = f"{'metric':<{name_w}} {'last':>{last_w}} {'best':>{best_w - 1}} "
+        out.append(header + (f"{'@step':>{step_w}}" if wide else ""), style="bold")
+        for name, latest, best, step, row in cells:
+            shown = name if len(name) <= name_w else name[: name_w - 1] + "…"
+            out.append(f"\n{shown:<{name_w}} ")
+            is_best = row.latest is not None and row.latest == row.best
+            out.append(f"{latest:>{last_w}}", style="bold" if is_best else "")
+            out.append(f" {best:>{best_w - 1}}")
+            out.append("★" if row.selects_best else " ", style="bold yellow")
             if wide:
-                cells.append("-" if row.best_step is None else str(row.best_step))
-            table.add_row(*cells)
-        return table
+                out.append(f" {step:>{step_w}}")
+        return out
 
 
 class MemoryPanel(Widget):
