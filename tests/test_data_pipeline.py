@@ -813,8 +813,15 @@ lm = DataCollatorForLanguageModeling(CharTokenizer(), mlm=False)
 trainer = Trainer(model=model, args=args(max_steps=4), train_dataset=Rows(), data_collator=lm)
 result = trainer.train()
 rank = trainer.accelerator.process_index
-json.dump({"rank": rank, "world": trainer.accelerator.num_processes, "batches": batches,
-           "loss": result.training_loss}, open(f"{out}/rank{rank}.json", "w"))
+with open(f"{out}/rank{rank}.json", "w") as f:
+    json.dump({"rank": rank, "world": trainer.accelerator.num_processes, "batches": batches,
+               "loss": result.training_loss}, f)
+# Tear the gloo group down before the interpreter exits: left to exit-time destructors it
+# can abort ("terminate called without an active exception") on a loaded machine.
+trainer.accelerator.wait_for_everyone()
+import torch.distributed as dist
+if dist.is_initialized():
+    dist.destroy_process_group()
 '''
 
 
