@@ -12,12 +12,12 @@ both rows alike. Usage: python benchmarks/session_overhead.py [--steps N] [--rep
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import threading
 import time
+from functools import partial
 
 import torch
+from _timing import print_table, round_robin, watch_session
 
 from workbench import Session, Trainer, TrainingArguments
 from workbench.data import load_builtin_data
@@ -42,26 +42,12 @@ def bare_trainer(steps: int, batch: int, train, out: str) -> float:
 
 def session_with_poller(steps: int, batch: int, train, out: str) -> float:
     session = Session(make_trainer(steps, batch, train, out))
-    done = threading.Event()
-    seen = []
-
-    def consumer() -> None:  # what a front-end reads on each refresh
-        while not done.wait(0.1):
-            snap = session.snapshot()
-            seen.append((snap.status, snap.step, snap.steps_per_second, snap.latest("loss"),
-                         snap.memory.parameters if snap.memory is not None else None))
-
-    poller = threading.Thread(target=consumer, daemon=True)
-    poller.start()
     start = time.perf_counter()
-    session.start()
-    status = session.wait()
+    status, polls = watch_session(session, every=0.1)
     elapsed = time.perf_counter() - start
-    done.set()
-    poller.join()
     if status != "finished" or session.trainer.state.global_step != steps:
         raise RuntimeError(f"the session run ended {status} at step {session.trainer.state.global_step}")
-    if not seen:
+    if not polls:
         raise RuntimeError("the consumer never polled")
     return steps / elapsed
 
@@ -76,19 +62,12 @@ def main() -> None:
     train, _ = load_builtin_data("random-classification", n_train=8192)
 
     runners = {"bare Trainer": bare_trainer, "Session + 10 Hz poller": session_with_poller}
-    results: dict[str, list[float]] = {name: [] for name in runners}
     with tempfile.TemporaryDirectory() as tmp:
         bare_trainer(200, ns.batch, train, tmp)  # warm-up (imports, allocator, kernels)
-        for i in range(ns.repeats):
-            order = list(runners) if i % 2 == 0 else list(reversed(runners))
-            for name in order:
-                results[name].append(runners[name](ns.steps, ns.batch, train, tmp))
-    base = statistics.median(results["bare Trainer"])
-    print(f"small MLP, batch {ns.batch}, {ns.steps} steps x {ns.repeats} repeats, alternating (median steps/s)")
-    print(f"{'runner':<24} {'steps/s':>9} {'min':>8} {'max':>8} {'ratio':>7}")
-    for name, values in results.items():
-        med = statistics.median(values)
-        print(f"{name:<24} {med:>9.1f} {min(values):>8.1f} {max(values):>8.1f} {med / base:>7.3f}")
+        results = round_robin({name: partial(run, ns.steps, ns.batch, train, tmp) for name, run in runners.items()},
+                              ns.repeats)
+    print_table(f"small MLP, batch {ns.batch}, {ns.steps} steps x {ns.repeats} repeats, alternating (median steps/s)",
+                results, baseline="bare Trainer")
 
 
 if __name__ == "__main__":

@@ -653,7 +653,7 @@ def test_sharded_weights_are_written_with_an_index(tmp_path):
     assert set(index["weight_map"]) == set(state)
     assert index["metadata"]["total_size"] == sum(v.numel() * v.element_size() for v in state.values())
     fresh = gpt(11)
-    ckpt._load_weights(fresh, tmp_path)
+    ckpt.load_model_files(fresh, tmp_path)
     for name, value in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[name], value), name
     assert fresh.lm_head.weight is fresh.wte.weight

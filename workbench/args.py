@@ -13,6 +13,7 @@ import enum
 import importlib.util
 import json
 import math
+from pathlib import Path
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -83,9 +84,6 @@ UNSERVED_FIELDS: dict[str, str] = {
     "optim_target_modules": "GaLore/APOLLO optimizers are not supported (optim must be one of "
     + ", ".join(o.value for o in OptimizerNames) + ")",
     "parallelism_config": "parallelism_config (N-D parallelism) is not supported; use fsdp or deepspeed",
-    "fsdp": "FSDP runs are not supported by this build yet",
-    "fsdp_config": "FSDP runs are not supported by this build yet",
-    "deepspeed": "DeepSpeed runs are not supported by this build yet",
     "use_cache": "use_cache is a transformers generation setting; set it on the model config",
     "debug": "debug options (underflow_overflow, tpu_metrics_debug) are not supported",
     "eval_use_gather_object": "gather_object evaluation is not supported",
@@ -105,6 +103,35 @@ def _check_steps(name: str, value: float | None) -> None:
         raise ArgumentError(name, f"must be > 0, got {value}")
     if value > 1 and float(value) != int(value):
         raise ArgumentError(name, f"values above 1 must be whole numbers of steps, got {value}")
+
+
+FSDP_SHARDING = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2")
+FSDP_OPTIONS = (*FSDP_SHARDING, "offload", "auto_wrap")
+
+
+def _fsdp_options(value: Any) -> list[str]:
+    """HF's ``fsdp`` option string ("full_shard auto_wrap") or list, checked, as a list."""
+    if value in (None, "", False):
+        return []
+    if value is True:
+        return ["full_shard"]
+    words = value.split() if isinstance(value, str) else [str(getattr(v, "value", v)) for v in value]
+    unknown = [w for w in words if w not in FSDP_OPTIONS]
+    if unknown:
+        raise ArgumentError("fsdp", f"unknown option(s) {', '.join(unknown)}; use any of: {', '.join(FSDP_OPTIONS)}")
+    if sum(w in FSDP_SHARDING for w in words) > 1:
+        raise ArgumentError("fsdp", f"choose one sharding strategy of: {', '.join(FSDP_SHARDING)}")
+    return words
+
+
+def _json_file(name: str, value: Any) -> Any:
+    """A path to a JSON file (as HF accepts for fsdp_config / deepspeed) becomes its text."""
+    if isinstance(value, str) and value.strip().endswith(".json") and not value.lstrip().startswith("{"):
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ArgumentError(name, f"{value}: no such JSON file")
+        return path.read_text(encoding="utf-8")
+    return value
 
 
 def _json_or_dict(name: str, value: Any) -> dict | None:
@@ -234,7 +261,7 @@ class TrainingArguments:
     ddp_static_graph: bool | None = None
     ddp_backend: str | None = None
     ddp_timeout: int = 1800
-    fsdp: str | None = None
+    fsdp: str | list[str] | None = None
     fsdp_config: dict | str | None = None
     deepspeed: dict | str | None = None
     debug: str | list[str] = ""
@@ -267,8 +294,6 @@ class TrainingArguments:
             f = defaults[name]
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             if getattr(self, name) != default:
-                if name == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
-                    why = "DeepSpeed is not installed (pip install deepspeed)"
                 raise ArgumentError(name, f"not supported: {why}")
 
     def _normalize_enums(self) -> None:
@@ -299,6 +324,18 @@ class TrainingArguments:
         self.include_num_input_tokens_seen = tokens
         self.lr_scheduler_kwargs = _json_or_dict("lr_scheduler_kwargs", self.lr_scheduler_kwargs) or {}
         self.accelerator_config = _json_or_dict("accelerator_config", self.accelerator_config)
+        self.fsdp_config = _json_or_dict("fsdp_config", _json_file("fsdp_config", self.fsdp_config))
+        self.deepspeed = _json_or_dict("deepspeed", _json_file("deepspeed", self.deepspeed))
+        self.fsdp = _fsdp_options(self.fsdp)
+        if self.deepspeed and importlib.util.find_spec("deepspeed") is None:
+            raise ArgumentError("deepspeed", "DeepSpeed is not installed (pip install deepspeed), or unset deepspeed")
+        if self.fsdp and self.deepspeed:
+            raise ArgumentError(None, "fsdp and deepspeed are both set; choose one")
+        if self.fsdp_config and not self.fsdp:
+            raise ArgumentError("fsdp_config", 'applies only with fsdp set (e.g. fsdp = "full_shard auto_wrap")')
+        if self.ddp_backend not in (None, "gloo", "nccl", "mpi", "ccl", "hccl", "cncl", "mccl", "xccl"):
+            raise ArgumentError("ddp_backend", f"{self.ddp_backend!r} is not a torch.distributed backend "
+                                               "(gloo, nccl, mpi, ccl, hccl, cncl, mccl, xccl)")
         for name in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
             setattr(self, name, _json_or_dict(name, getattr(self, name)))
         # gradient_checkpointing is HF's older name for activation_checkpointing.

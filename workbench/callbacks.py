@@ -95,10 +95,14 @@ class TrainerState:
     # workbench: live hyperparameter edits applied during the run, replayed on resume.
     live_edits: list[dict[str, Any]] = field(default_factory=list)
 
+    def to_json_string(self) -> str:
+        """The state as indented JSON (what ``save_to_json`` writes)."""
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+
     def save_to_json(self, json_path: str) -> None:
         """Write the state as indented JSON."""
         with open(json_path, "w", encoding="utf-8") as f:
-            f.write(json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n")
+            f.write(self.to_json_string())
 
     @classmethod
     def load_from_json(cls, json_path: str) -> "TrainerState":

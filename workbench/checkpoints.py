@@ -26,6 +26,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .state_dicts import (
+    capture_model_state,
+    capture_optimizer_state,
+    host_copy,
+    load_model_state,
+    load_optimizer_state,
+    unique_state,
+)
 from .trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_model
 
 if TYPE_CHECKING:
@@ -40,6 +48,7 @@ __all__ = [
     "load_training_state",
     "load_best_model",
     "save_model_files",
+    "load_model_files",
     "MANIFEST",
 ]
 
@@ -99,7 +108,15 @@ class CheckpointStore:
 
     def publish(self, step: int, write: Callable[[Path], None]) -> Path:
         """Have ``write`` fill a temporary folder, seal it with a manifest, rename it in place."""
-        tmp = self.root / f".tmp-{PREFIX_CHECKPOINT_DIR}-{step}"
+        return self.seal(step, self.begin(step), write)
+
+    def temporary(self, step: int) -> Path:
+        """The folder a checkpoint of ``step`` is written into before it is published."""
+        return self.root / f".tmp-{PREFIX_CHECKPOINT_DIR}-{step}"
+
+    def begin(self, step: int) -> Path:
+        """Create the temporary folder of ``step``'s checkpoint, with the sentinel in it."""
+        tmp = self.temporary(step)
         final = self.root / f"{PREFIX_CHECKPOINT_DIR}-{step}"
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -108,16 +125,25 @@ class CheckpointStore:
             elif tmp.exists() or tmp.is_symlink():
                 tmp.unlink()
             tmp.mkdir()
+            # The reference's sentinel: present while the save runs. Here it never reaches a
+            # published folder, since the rename happens only after it is gone.
+            (tmp / SENTINEL).write_text("this checkpoint is still being written\n", encoding="utf-8")
         except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
             raise OSError(f"saving {final.name}: cannot write into the output directory {self.root} "
                           f"({exc.strerror or exc}); the earlier checkpoints there are intact") from exc
-        # The reference's sentinel: present while the save runs. Here it never reaches a
-        # published folder, since the rename happens only after it is gone.
-        sentinel = tmp / SENTINEL
+        return tmp
+
+    def seal(self, step: int, tmp: Path, write: Callable[[Path], None] | None = None) -> Path:
+        """Run ``write`` into ``tmp``, then checksum everything in it and publish it atomically.
+
+        Other ranks' files must be in ``tmp`` before this is called (they are hashed too).
+        """
+        final = self.root / f"{PREFIX_CHECKPOINT_DIR}-{step}"
         try:
-            sentinel.write_text("this checkpoint is still being written\n", encoding="utf-8")
-            write(tmp)
-            sentinel.unlink()
+            if write is not None:
+                write(tmp)
+            (tmp / SENTINEL).unlink()
             files = {}
             for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
                 with open(path, "rb+") as f:
@@ -294,35 +320,25 @@ class CheckpointStore:
 # -- what goes into a checkpoint ----------------------------------------------------------
 
 
-def _unique_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict without aliases (tied weights are stored once, under their first name)."""
-    seen: set[tuple[int, int, tuple[int, ...]]] = set()
-    out = {}
-    for name, tensor in model.state_dict().items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-        if tensor.numel() and key in seen:
-            continue
-        seen.add(key)
-        out[name] = tensor.detach().contiguous().cpu()
-    return out
-
-
 def save_model_files(model: torch.nn.Module, directory: Path, processing_class: Any = None,
-                     max_shard_bytes: int | None = None) -> None:
+                     max_shard_bytes: int | None = None, state: dict[str, torch.Tensor] | None = None) -> None:
     """Weights as safetensors (HF models through save_pretrained), plus the processing class.
 
-    Weights above ``max_shard_bytes`` (default 5 GB) are split into
-    ``model-0000i-of-0000n.safetensors`` files with ``model.safetensors.index.json``, the
-    layout transformers reads.
+    ``state`` is the weights to write (host copies taken earlier, or gathered from FSDP);
+    by default the model's own. Weights above ``max_shard_bytes`` (default 5 GB) are split
+    into ``model-0000i-of-0000n.safetensors`` files with ``model.safetensors.index.json``,
+    the layout transformers reads.
     """
     directory.mkdir(parents=True, exist_ok=True)
     if hasattr(model, "save_pretrained") and hasattr(model, "config") and not isinstance(model.config, dict):
-        model.save_pretrained(directory, safe_serialization=True)
+        extra = {"state_dict": state} if state is not None else {}
+        model.save_pretrained(directory, safe_serialization=True, **extra)
     else:
         from safetensors.torch import save_file
 
         limit = max_shard_bytes or SHARD_BYTES
-        state = _unique_state(model)
+        if state is None:
+            state = unique_state(model)
         shards: list[dict[str, torch.Tensor]] = [{}]
         size = 0
         for name, tensor in state.items():
@@ -370,6 +386,55 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+@dataclass
+class CheckpointContents:
+    """Everything a checkpoint holds, as host copies: taking it is the only part of a save
+    that must happen at the step boundary; writing can follow later (or elsewhere)."""
+
+    step: int
+    model: torch.nn.Module
+    processing_class: Any
+    weights: dict[str, torch.Tensor] | None  # None on ranks other than 0
+    optimizer: dict[str, Any] | None
+    scheduler: dict[str, Any] | None
+    scaler: dict[str, Any] | None
+    rng: dict[str, Any] | None  # single process; with several each rank writes its own
+    trainer_state: str
+    training_args: str
+
+    @classmethod
+    def capture(cls, trainer: "Trainer") -> "CheckpointContents":
+        """Copy the run's state to host memory (a collective under FSDP: every rank calls it)."""
+        args, acc = trainer.args, trainer.accelerator
+        main = acc.is_main_process
+        weights = capture_model_state(trainer)
+        full = not args.save_only_model
+        optimizer = capture_optimizer_state(trainer) if full else None
+        scaler = getattr(acc, "scaler", None)
+        return cls(
+            step=trainer.state.global_step,
+            model=unwrap_model(trainer.model),
+            processing_class=trainer.processing_class,
+            weights=weights,
+            optimizer=optimizer,
+            scheduler=host_copy(trainer.lr_scheduler.state_dict()) if full and main else None,
+            scaler=host_copy(scaler.state_dict()) if full and main and scaler is not None else None,
+            rng=_rng_state() if full and acc.num_processes == 1 else None,
+            trainer_state=trainer.state.to_json_string(),
+            training_args=args.to_json_string() + "\n",
+        )
+
+    def write(self, directory: Path) -> None:
+        """Write the files of the checkpoint into ``directory`` (rank 0's part)."""
+        save_model_files(self.model, directory, self.processing_class, state=self.weights)
+        for name, value in (("optimizer.pt", self.optimizer), ("scheduler.pt", self.scheduler),
+                            ("scaler.pt", self.scaler), ("rng_state.pth", self.rng)):
+            if value is not None:
+                torch.save(value, directory / name)
+        (directory / "trainer_state.json").write_text(self.trainer_state, encoding="utf-8")
+        (directory / "training_args.json").write_text(self.training_args, encoding="utf-8")
+
+
 def save_checkpoint(trainer: "Trainer") -> Path | None:
     """Write ``checkpoint-<global_step>`` for the trainer's current state, then rotate."""
     args, state, acc = trainer.args, trainer.state, trainer.accelerator
@@ -381,22 +446,22 @@ def save_checkpoint(trainer: "Trainer") -> Path | None:
     for cb in trainer.callback_handler.callbacks:
         if hasattr(cb, "state") and callable(cb.state) and hasattr(type(cb), "from_state"):
             state.stateful_callbacks[type(cb).__name__] = cb.state()
-
-    def write(tmp: Path) -> None:
-        save_model_files(unwrap_model(trainer.model), tmp, trainer.processing_class)
-        if not args.save_only_model:
-            torch.save(trainer.optimizer.state_dict(), tmp / "optimizer.pt")
-            torch.save(trainer.lr_scheduler.state_dict(), tmp / "scheduler.pt")
-            scaler = getattr(acc, "scaler", None)
-            if scaler is not None:
-                torch.save(scaler.state_dict(), tmp / "scaler.pt")
-            torch.save(_rng_state(), tmp / "rng_state.pth")
-        state.save_to_json(str(tmp / "trainer_state.json"))
-        (tmp / "training_args.json").write_text(args.to_json_string() + "\n", encoding="utf-8")
+    contents = CheckpointContents.capture(trainer)
 
     path = None
+    if acc.num_processes == 1:
+        path = store.publish(step, contents.write)
+    else:
+        # Every rank writes its own RNG streams into the folder rank 0 opened; rank 0 adds
+        # the rest and publishes only after all of them have written (the manifest covers all).
+        tmp = store.begin(step) if acc.is_main_process else store.temporary(step)
+        acc.wait_for_everyone()
+        if not args.save_only_model:
+            torch.save(_rng_state(), tmp / f"rng_state_{acc.process_index}.pth")
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            path = store.seal(step, tmp, contents.write)
     if acc.is_main_process:
-        path = store.publish(step, write)
         keep = {Path(state.best_model_checkpoint).name} if state.best_model_checkpoint else set()
         store.rotate(args.save_total_limit, keep=keep)
     acc.wait_for_everyone()
@@ -414,7 +479,7 @@ def _load(path: Path) -> Any:
                          f"(torch.load weights_only=True: {detail}); it was not unpickled") from exc
 
 
-def _load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
+def _read_weights(model: torch.nn.Module, checkpoint: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     files = []
@@ -427,17 +492,35 @@ def _load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
         state: dict[str, torch.Tensor] = {}
         for file in files:
             state.update(load_file(str(file)))
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        expected_missing = set(model.state_dict()) - set(_unique_state(model))
-        if unexpected or set(missing) - expected_missing:
-            raise ValueError(f"{checkpoint}: weights do not fit the model (missing: {sorted(set(missing) - expected_missing)[:5]}, "
-                             f"unexpected: {sorted(unexpected)[:5]})")
-        return
+        return state
     if hasattr(model, "from_pretrained") and (checkpoint / "config.json").is_file():
-        loaded = type(model).from_pretrained(checkpoint)
-        model.load_state_dict(loaded.state_dict())
-        return
+        return type(model).from_pretrained(checkpoint).state_dict()
     raise ValueError(f"{checkpoint} has no {WEIGHTS}")
+
+
+def _check_fit(model: torch.nn.Module, checkpoint: Path, missing: list[str], unexpected: list[str]) -> None:
+    # Tied weights are stored once, so their second names are expected to be missing.
+    seen: set[int] = set()
+    aliases = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            aliases.add(name)
+        seen.add(id(param))
+    if unexpected or set(missing) - aliases:
+        raise ValueError(f"{checkpoint}: weights do not fit the model (missing: {sorted(set(missing) - aliases)[:5]}, "
+                         f"unexpected: {sorted(unexpected)[:5]})")
+
+
+def load_model_files(model: torch.nn.Module, checkpoint: Path) -> None:
+    """Load the weights saved in ``checkpoint`` into a plain (unwrapped) model."""
+    missing, unexpected = model.load_state_dict(_read_weights(model, checkpoint), strict=False)
+    _check_fit(model, checkpoint, list(missing), list(unexpected))
+
+
+def _load_weights(trainer: "Trainer", checkpoint: Path) -> None:
+    model = unwrap_model(trainer.model)
+    missing, unexpected = load_model_state(trainer, _read_weights(model, checkpoint))
+    _check_fit(model, checkpoint, missing, unexpected)
 
 
 def load_training_state(trainer: "Trainer", checkpoint: Path) -> None:
@@ -445,9 +528,9 @@ def load_training_state(trainer: "Trainer", checkpoint: Path) -> None:
     from .callbacks import TrainerState
 
     acc = trainer.accelerator
-    _load_weights(unwrap_model(trainer.model), checkpoint)
+    _load_weights(trainer, checkpoint)
     if (checkpoint / "optimizer.pt").is_file():
-        trainer.optimizer.load_state_dict(_load(checkpoint / "optimizer.pt"))
+        load_optimizer_state(trainer, _load(checkpoint / "optimizer.pt"))
         trainer.lr_scheduler.load_state_dict(_load(checkpoint / "scheduler.pt"))
         if (checkpoint / "scaler.pt").is_file() and getattr(acc, "scaler", None) is not None:
             acc.scaler.load_state_dict(_load(checkpoint / "scaler.pt"))
@@ -461,9 +544,29 @@ def load_training_state(trainer: "Trainer", checkpoint: Path) -> None:
             if saved and hasattr(cb, "state"):
                 for key, value in saved.get("attributes", {}).items():
                     setattr(cb, key, value)
-    rng = checkpoint / "rng_state.pth"
-    if rng.is_file():
+    rng = rng_state_file(checkpoint, acc.process_index, acc.num_processes)
+    if rng is not None:
         _set_rng_state(_load(rng))
+
+
+def rng_state_file(checkpoint: Path, rank: int, num_processes: int) -> Path | None:
+    """This rank's RNG file: its own ``rng_state_<rank>.pth``, else the single-process one.
+
+    A run resumed on fewer or more processes than saved it restores what exists (rank 0's
+    streams on one process) and warns that the random draws differ from the original run.
+    """
+    own = checkpoint / f"rng_state_{rank}.pth"
+    single = checkpoint / "rng_state.pth"
+    saved_ranks = len(list(checkpoint.glob("rng_state_*.pth")))
+    if saved_ranks and saved_ranks != num_processes or (not saved_ranks and num_processes > 1 and single.is_file()):
+        if rank == 0:
+            log.warning("%s was saved by %d process(es) and resumes on %d: data order and losses carry on, "
+                        "but random draws (dropout) differ from the original run", checkpoint.name,
+                        saved_ranks or 1, num_processes)
+    for path in (own, single, checkpoint / "rng_state_0.pth"):
+        if path.is_file():
+            return path
+    return None
 
 
 def load_best_model(trainer: "Trainer") -> None:
@@ -472,4 +575,4 @@ def load_best_model(trainer: "Trainer") -> None:
     if not path.is_dir():
         log.warning("best checkpoint %s is gone; keeping the final weights", path)
         return
-    _load_weights(unwrap_model(trainer.model), path)
+    _load_weights(trainer, path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import sys
@@ -37,6 +38,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="resume from CHECKPOINT, or from the newest complete checkpoint in output_dir")
     run.add_argument("--overwrite", action="store_true",
                      help="start over in an output_dir that already holds checkpoints (deletes them)")
+    run.add_argument("--num-processes", type=int, default=None, metavar="N",
+                     help="train on N processes through Accelerate's launcher (one per GPU, or CPU ranks)")
+    run.add_argument("--accelerate-config", default=None, metavar="FILE",
+                     help="an 'accelerate config' file for --num-processes (default: accelerate's own default)")
 
     ckpt = sub.add_parser("checkpoints", help="list the checkpoints of an output directory")
     ckpt.add_argument("output_dir")
@@ -51,16 +56,63 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``workbench`` command; returns the process exit code."""
     parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     ns = parser.parse_args(argv)
     try:
         if ns.command == "init":
             return _init(ns)
         if ns.command == "checkpoints":
             return _checkpoints(ns)
-        return _run(ns)
+        if ns.num_processes is not None and "WORLD_SIZE" not in os.environ:
+            return _launch(ns, argv)
+        return _finish_rank(_run(ns))
     except UsageError as exc:
         print(f"workbench: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _finish_rank(EXIT_USAGE)
+
+
+def _finish_rank(code: int) -> int:
+    """Under ``--num-processes`` rank 0 reports the code to the parent (see launch.py)."""
+    from .launch import report_exit_code
+
+    if "torch.distributed" in sys.modules:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            # All ranks leave together: a rank tearing gloo down while another still talks
+            # to it can abort at interpreter exit.
+            dist.barrier()
+            dist.destroy_process_group()
+    return report_exit_code(code, is_main=os.environ.get("RANK", "0") == "0")
+
+
+def _strip_launch_options(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--num-processes", "--accelerate-config"):
+            skip = True
+            continue
+        if arg.startswith(("--num-processes=", "--accelerate-config=")):
+            continue
+        out.append(arg)
+    return out
+
+
+def _launch(ns: argparse.Namespace, argv: list[str]) -> int:
+    """Check the config here (errors stay one line), then start the ranks through Accelerate."""
+    from .launch import launch_ranks
+
+    if ns.num_processes < 1:
+        raise UsageError(f"--num-processes: {ns.num_processes} is not a process count; pass 1 or more")
+    run = _load_run_config(ns)
+    _prepare_output_dir(Path(run.training.output_dir), ns.resume, ns.overwrite)
+    try:
+        return launch_ranks(ns.num_processes, _strip_launch_options(argv), ns.accelerate_config)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _init(ns: argparse.Namespace) -> int:
@@ -109,14 +161,18 @@ def _checkpoints(ns: argparse.Namespace) -> int:
 
 
 def _prepare_output_dir(output_dir: Path, resume: object, overwrite: bool) -> object:
-    """Refuse to clobber saved work; returns what to pass as resume_from_checkpoint."""
+    """Refuse to clobber saved work; returns what to pass as resume_from_checkpoint.
+
+    Under several ranks only rank 0 deletes and speaks.
+    """
     from .checkpoints import CheckpointStore
 
     store = CheckpointStore(output_dir)
     complete = [c for c in store.list() if c.complete]
     if resume is True:
         if store.latest_verified() is None:
-            print(f"workbench: no complete checkpoint in {output_dir}; starting fresh", file=sys.stderr)
+            if os.environ.get("RANK", "0") == "0":
+                print(f"workbench: no complete checkpoint in {output_dir}; starting fresh", file=sys.stderr)
             return None
         return True
     if resume is not None:
@@ -126,23 +182,31 @@ def _prepare_output_dir(output_dir: Path, resume: object, overwrite: bool) -> ob
             f"{output_dir} already holds checkpoints ({', '.join(c.name for c in complete[-3:])}); "
             "use --resume to continue or --overwrite to start over"
         )
-    if complete and overwrite:
+    if complete and overwrite and os.environ.get("RANK", "0") == "0":
         for info in store.list():
             shutil.rmtree(info.path, ignore_errors=True)
         (output_dir / "events.jsonl").unlink(missing_ok=True)
     return None
 
 
-def _run(ns: argparse.Namespace) -> int:
-    from .config import ConfigError, load_config, write_resolved_config
+def _load_run_config(ns: argparse.Namespace):
+    """The run's config with the command line's overrides; problems become one-line usage errors."""
+    from .config import ConfigError, load_config
 
     config_path = Path(ns.config)
     if not config_path.is_file():
         raise UsageError(f"{config_path}: no such config file; create one with 'workbench init {config_path}'")
     try:
-        run = load_config(config_path, ns.overrides)
+        return load_config(config_path, ns.overrides)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _run(ns: argparse.Namespace) -> int:
+    from .config import write_resolved_config
+
+    config_path = Path(ns.config)
+    run = _load_run_config(ns)
     output_dir = Path(run.training.output_dir)
     resume = _prepare_output_dir(output_dir, ns.resume, ns.overwrite)
     try:
@@ -159,13 +223,20 @@ def _run(ns: argparse.Namespace) -> int:
         trainer = build_trainer(run)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         raise UsageError(f"{config_path}: {exc}") from None
-    write_resolved_config(run, output_dir)
-    if not ns.headless and sys.stdout.isatty():
+    main_rank = trainer.is_world_process_zero()
+    if main_rank:
+        write_resolved_config(run, output_dir)
+    if main_rank and not ns.headless and sys.stdout.isatty():
         return _run_dashboard(trainer, resume, output_dir)
     request = trainer.stop_request
 
     def abort(signum: int) -> None:
-        raise KeyboardInterrupt  # a second Ctrl-C: stop now, without waiting for the save
+        # A second Ctrl-C: stop now, without waiting for the save. Under a plain
+        # `accelerate launch` every rank gets the terminal's SIGINT and then the launcher's
+        # copy a moment later; that echo is not a second press.
+        if trainer.accelerator.num_processes > 1 and time.monotonic() - (request.set_at or 0) < 2.0:
+            return
+        raise KeyboardInterrupt
 
     # Ctrl-C asks for the same save-and-stop as SIGTERM; the Trainer routes SIGTERM itself
     # when enable_jit_checkpoint is set (schedulers then see 143, "preempted").
@@ -182,13 +253,15 @@ def _run(ns: argparse.Namespace) -> int:
     finally:
         restore()
     step = trainer.state.global_step
-    if request.reason == "SIGTERM":
-        print(f"workbench: stopped by SIGTERM at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
+    reason = trainer.stop_decision.reason  # with several ranks: whichever rank was signalled
+    say = print if main_rank else (lambda *a, **k: None)
+    if reason == "SIGTERM":
+        say(f"workbench: stopped by SIGTERM at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
         return EXIT_TERMINATED
-    if request.reason == "SIGINT":
-        print(f"workbench: interrupted at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
+    if reason == "SIGINT":
+        say(f"workbench: interrupted at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(f"workbench: finished; files in {output_dir}")
+    say(f"workbench: finished; files in {output_dir}")
     return EXIT_OK
 
 

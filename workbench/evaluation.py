@@ -121,6 +121,30 @@ class _Accumulator:
         return [_to_numpy(v) for v in self.on_host]
 
 
+def _real_rows(acc, batch_size: int) -> int:
+    """How many rows of this rank's current batch are real samples, not padding repeats.
+
+    With several processes the last global batch is split in rank order and each rank's
+    share topped up to a full batch; Accelerate knows how many samples it really held.
+    """
+    state = acc.gradient_state
+    if (acc.num_processes == 1 or not state.end_of_dataloader or state.remainder <= 0
+            or acc.dataloader_config.split_batches):
+        return batch_size
+    return min(max(state.remainder - acc.process_index * batch_size, 0), batch_size)
+
+
+def _head(inputs: Any, n: int, batch_size: int) -> Any:
+    """The first ``n`` rows of every batch-sized tensor in ``inputs``."""
+    if isinstance(inputs, dict):
+        return {k: _head(v, n, batch_size) for k, v in inputs.items()}
+    if isinstance(inputs, (list, tuple)):
+        return type(inputs)(_head(v, n, batch_size) for v in inputs)
+    if isinstance(inputs, torch.Tensor) and inputs.dim() > 0 and inputs.shape[0] == batch_size:
+        return inputs[:n]
+    return inputs
+
+
 def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction_loss_only: bool | None = None,
                     ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
     """Run the model over ``dataloader`` and compute metrics (HF's evaluation_loop)."""
@@ -153,6 +177,14 @@ def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction
         main_input = inputs.get(getattr(unwrap_model(trainer.model), "main_input_name", "input_ids")) \
             if include_inputs and isinstance(inputs, dict) else None
         if loss is not None:
+            real = _real_rows(acc, batch_size)
+            if 0 < real < batch_size:
+                # This rank's last batch was topped up with repeated samples so every rank
+                # has one; gather_for_metrics drops their rows, but the batch's mean loss
+                # still counted them. Recompute it over the real rows (one batch per eval).
+                with precision:
+                    loss = trainer.prediction_step(model, _head(inputs, real, batch_size), True,
+                                                   ignore_keys=ignore_keys)[0]
             batch_losses = acc.gather_for_metrics(loss.repeat(batch_size))
             losses_for_mean.append(batch_losses)
             num_samples_batch = batch_losses.numel()

@@ -61,9 +61,17 @@ class TrainingLoop:
                     "use a model that supports it or unset activation_checkpointing"
                 )
             enable(gradient_checkpointing_kwargs=args.activation_checkpointing_kwargs)
-        trainer.model_wrapped = wrapped = self.accelerator.prepare(model)
-        if self._optimizer_needs_wrapper():
-            trainer.optimizer = self.accelerator.prepare(trainer.optimizer)
+        from .state_dicts import is_fsdp
+
+        if is_fsdp(trainer):
+            # FSDP replaces the parameters by shards: the optimizer must be prepared with the
+            # model so it steps the shards.
+            wrapped, trainer.optimizer = self.accelerator.prepare(model, trainer.optimizer)
+            trainer.model_wrapped = wrapped
+        else:
+            trainer.model_wrapped = wrapped = self.accelerator.prepare(model)
+            if self._optimizer_needs_wrapper():
+                trainer.optimizer = self.accelerator.prepare(trainer.optimizer)
         if args.torch_compile:
             kwargs = {k: v for k, v in (("backend", args.torch_compile_backend), ("mode", args.torch_compile_mode)) if v}
             wrapped = torch.compile(wrapped, **kwargs)
@@ -188,6 +196,7 @@ class TrainingLoop:
         iterator = iter(iterator_source)
         step_in_epoch = skip  # micro-batches consumed in this epoch
         distributed = acc.num_processes > 1
+        ranks = trainer._rank_sync
         count_tokens = args.include_num_input_tokens_seen
         while not trainer.control.should_training_stop:
             micro = []
@@ -200,6 +209,8 @@ class TrainingLoop:
                 break
             num_items = self._count_items(micro)
             trainer.last_inputs = micro[-1]  # for inspection while paused (a reference, no copy)
+            if ranks is not None:  # rank 0 paused at the last step end: wait with it
+                ranks.follow_pause(self._paused_action)
             trainer.control = handler.on_step_begin(args, state, trainer.control)
             if trainer.control.should_training_stop:
                 # Stopped before this step ran (e.g. while paused at its start): save the
@@ -228,11 +239,30 @@ class TrainingLoop:
             else:
                 state.epoch = epoch + state.global_step / state.max_steps
             trainer.control = handler.on_step_end(args, state, trainer.control)
+            if ranks is not None:  # every rank acts on the same flags from here on
+                ranks.step_end(trainer.control)
             self._log_save_evaluate(model, ignore_keys, start_time)
             if trainer.control.should_epoch_stop or trainer.control.should_training_stop:
                 break
         trainer.control = handler.on_epoch_end(args, state, trainer.control)
         self._log_save_evaluate(model, ignore_keys, start_time)
+
+    def _paused_action(self, action: str) -> None:
+        """Take part, on a rank other than 0, in a save or evaluation rank 0 runs while paused."""
+        from .checkpoints import save_checkpoint
+        from .session_state import rng_preserved
+
+        trainer = self.trainer
+        with rng_preserved():
+            if action == "save":
+                save_checkpoint(trainer)
+                trainer.control = trainer.callback_handler.on_save(self.args, trainer.state, trainer.control)
+            elif action == "evaluate":
+                was_training = trainer.model.training
+                try:
+                    trainer.evaluate()
+                finally:
+                    trainer.model.train(was_training)
 
     def _count_items(self, micro: list[dict[str, Any]]) -> torch.Tensor | None:
         """Targets across the accumulated batch (and across processes when averaging)."""

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .callbacks import TrainerCallback
+from .distributed import HEARTBEAT_S
 from .session_state import EDITABLE, SeriesStore, SessionEvent, Snapshot, apply_edit, rng_preserved
 from .trainer_utils import unwrap_model
 
@@ -51,7 +52,7 @@ class SessionCallback(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.session._maybe_block()
-        request = self.session.trainer.stop_request
+        request = self.session.trainer.stop_decision
         if request.is_set():  # stopped while paused: stop here, before another step runs
             control.should_training_stop = True
             control.should_save = request.save
@@ -103,6 +104,12 @@ class Session:
         self._memory_at = 0.0
         self._catalog: tuple = ()
         self._snapshot = Snapshot.empty()
+        # Several processes: rank 0's Session decides for all ranks (distributed.py); paused-time
+        # saves and evaluations then run on the worker thread, which every rank follows.
+        self._sync = trainer._rank_sync
+        self._paused_actions: queue.Queue[tuple[str, Future]] = queue.Queue()
+        if self._sync is not None and self._sync.is_main:
+            self._sync.pause_wanted = self._pause_requested.is_set
         trainer.add_callback(SessionCallback(self))
 
     # -- construction ----------------------------------------------------------------
@@ -143,7 +150,7 @@ class Session:
             self._set_status("failed")
             self._emit("failed", error=f"{type(exc).__name__}: {exc}")
         else:
-            stopped = self.trainer.stop_request.is_set() or self.trainer.state.global_step < self.trainer.state.max_steps
+            stopped = self.trainer.stop_decision.is_set() or self.trainer.state.global_step < self.trainer.state.max_steps
             self._set_status("stopped" if stopped else "finished")
             self._emit("finished", stopped=stopped)
         finally:
@@ -179,6 +186,11 @@ class Session:
         return self._status
 
     @property
+    def stop_reason(self) -> str | None:
+        """Why the run was stopped ("SIGTERM", "SIGINT", "session", ...), None if it was not."""
+        return self.trainer.stop_decision.reason
+
+    @property
     def error(self) -> BaseException | None:
         """The exception that ended the run, if it failed."""
         return self._error
@@ -187,6 +199,7 @@ class Session:
 
     def pause(self, wait: bool = False, timeout: float | None = None) -> str:
         """Pause at the next step boundary ("pausing" until then; wait=True blocks until "paused")."""
+        self._require_main("pause")
         with self._lock:
             if self._status in _TERMINAL or self._status in ("idle", "stopping"):
                 return self._status
@@ -234,21 +247,29 @@ class Session:
         """Save a checkpoint: at once when paused (returns its path), else at the next step end (a Future)."""
         with self._lock:
             if self._status == "paused":
-                return self._save_now()
-            if self._status in _TERMINAL or self._status == "idle":
+                if self._sync is None:
+                    return self._save_now()
+                future = self._queue_paused_action("save")
+            elif self._status in _TERMINAL or self._status == "idle":
                 raise RuntimeError(f"cannot save: the session is {self._status}")
-            command = _Command("save")
-            self._commands.put(command)
-            return command.future
+            else:
+                command = _Command("save")
+                self._commands.put(command)
+                return command.future
+        return future.result()
 
     def evaluate(self) -> Future | dict[str, float]:
         """Evaluate: in this thread when paused (returns metrics), else at the next step end (a Future)."""
         with self._lock:
-            if self._status in ("paused", "idle", *_TERMINAL):
+            if self._status == "paused" and self._sync is not None:
+                future = self._queue_paused_action("evaluate")
+            elif self._status in ("paused", "idle", *_TERMINAL):
                 return self._evaluate_now()
-            command = _Command("evaluate")
-            self._commands.put(command)
-            return command.future
+            else:
+                command = _Command("evaluate")
+                self._commands.put(command)
+                return command.future
+        return future.result()
 
     def set(self, **changes: Any) -> Future | dict[str, Any]:
         """Change hyperparameters live: learning_rate, lr_scale, max_steps, num_train_epochs,
@@ -258,6 +279,7 @@ class Session:
             if key not in EDITABLE:
                 raise ValueError(f"{key}: not editable live; editable: {', '.join(EDITABLE)}")
             EDITABLE[key](value)
+        self._require_main("set")
         with self._lock:
             if self._status in ("paused", "idle"):
                 return self._apply_edits(changes)
@@ -303,6 +325,17 @@ class Session:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         EventLog(output_dir).write("branch", 0, **origin)
         return branch
+
+    def _require_main(self, what: str) -> None:
+        if self._sync is not None and not self._sync.is_main:
+            raise RuntimeError(f"{what}: with several processes the run is steered from rank 0 "
+                               "(call it where trainer.is_world_process_zero() is True)")
+
+    def _queue_paused_action(self, kind: str) -> Future:
+        future: Future = Future()
+        self._paused_actions.put((kind, future))
+        self._unpaused.notify_all()
+        return future
 
     def _require_not_running(self, what: str) -> None:
         if self._thread is not None and self._thread.is_alive():
@@ -414,6 +447,10 @@ class Session:
             pass
 
     def _maybe_block(self) -> None:
+        if self._sync is not None:
+            if self._sync.is_main and self._sync.paused:
+                self._block_with_ranks(self._sync)
+            return
         if not self._pause_requested.is_set():
             return
         with self._lock:
@@ -430,6 +467,47 @@ class Session:
             finally:
                 self._blocked = False
             # Time spent paused is not training time: keep throughput and ETA honest.
+            if self._started_at is not None:
+                self._started_at += time.perf_counter() - paused_at
+            if self._status == "paused":
+                self._set_status("running")
+
+    def _block_with_ranks(self, sync) -> None:
+        """Rank 0's pause: heartbeats keep the other ranks waiting with it and carry the
+        saves and evaluations asked for meanwhile, which every rank runs together."""
+        with self._lock:
+            paused_at = time.perf_counter()
+            announced = False
+            self._blocked = True
+            try:
+                while True:
+                    wanted = self._pause_requested.is_set() and not self.trainer.stop_request.is_set()
+                    if wanted and not announced:
+                        announced = True
+                        self._set_status("paused")
+                        self._emit("paused")
+                        self._log_event("pause")
+                    kind, future = "", None
+                    if wanted and not self._paused_actions.empty():
+                        kind, future = self._paused_actions.get_nowait()
+                    still, action = sync.heartbeat(wanted, kind)
+                    if action:
+                        try:
+                            result = self._save_now() if action == "save" else self._evaluate_now()
+                        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                            future.set_exception(exc)
+                            raise
+                        future.set_result(result)
+                    if not still:
+                        break
+                    if self._paused_actions.empty():
+                        self._unpaused.wait(HEARTBEAT_S)
+            finally:
+                self._blocked = False
+                sync.paused = False
+                while not self._paused_actions.empty():  # asked for just as the pause ended
+                    kind, future = self._paused_actions.get_nowait()
+                    self._commands.put(_Command(kind, future=future))
             if self._started_at is not None:
                 self._started_at += time.perf_counter() - paused_at
             if self._status == "paused":
@@ -495,6 +573,9 @@ class Session:
             if not f.done():
                 f.set_exception(RuntimeError(f"the run ended ({self._status}) before the command ran"))
         self._pending_saves, self._pending_evals = [], []
+        while not self._paused_actions.empty():
+            self._paused_actions.get_nowait()[1].set_exception(
+                RuntimeError(f"the run ended ({self._status}) before the command ran"))
         while True:
             try:
                 command = self._commands.get_nowait()
@@ -533,6 +614,8 @@ class Session:
         record = {"step": trainer.state.global_step, "time": time.time(), **applied}
         trainer.state.live_edits.append(record)
         self._edits.append(record)
+        if self._sync is not None:
+            self._sync.publish_edit(record)
         from .tracking import EventLog
 
         if trainer.is_world_process_zero():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 from .callbacks import TrainerCallback
@@ -26,6 +27,7 @@ class StopRequest:
         self._lock = threading.Lock()
         self.reason: str | None = None
         self.save = True
+        self.set_at: float | None = None  # time.monotonic() of the request
 
     def set(self, reason: str, save: bool = True) -> bool:
         """Request a stop; returns False when one was already requested (nothing changes)."""
@@ -33,6 +35,7 @@ class StopRequest:
             if self._event.is_set():
                 return False
             self.reason, self.save = reason, save
+            self.set_at = time.monotonic()
             self._event.set()
             return True
 
@@ -46,6 +49,7 @@ class StopRequest:
             self._event.clear()
             self.reason = None
             self.save = True
+            self.set_at = None
 
 
 class JITCheckpointCallback(TrainerCallback):
@@ -58,7 +62,8 @@ class JITCheckpointCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self._acted = False
 
-    def _act(self, control) -> None:
+    def act(self, control) -> None:
+        """Turn a set request into save + stop flags, once per run."""
         if self._acted or not self.request.is_set():
             return
         self._acted = True
@@ -67,16 +72,16 @@ class JITCheckpointCallback(TrainerCallback):
             control.should_save = True
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self._act(control)  # a request that came between steps: stop before the next one
+        self.act(control)  # a request that came between steps: stop before the next one
 
     def on_step_end(self, args, state, control, **kwargs):
-        self._act(control)
+        self.act(control)
 
     def on_prediction_step(self, args, state, control, **kwargs):
-        self._act(control)
+        self.act(control)
 
     def on_evaluate(self, args, state, control, **kwargs):
-        self._act(control)
+        self.act(control)
 
 
 def install_stop_handlers(

@@ -72,13 +72,39 @@ def _make_accelerator(args: TrainingArguments):
                                                    "broadcast_buffers", "static_graph")}
     ddp = {k: v for k, v in ddp.items() if v is not None}
     precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+    from datetime import timedelta
+
+    from accelerate.utils import InitProcessGroupKwargs
+
+    from .sharding import accelerator_plugins
+
+    handlers: list[Any] = [DistributedDataParallelKwargs(**ddp)] if ddp else []
+    if args.ddp_backend is not None or args.ddp_timeout != 1800:
+        group = {"timeout": timedelta(seconds=args.ddp_timeout)}
+        if args.ddp_backend is not None:
+            group["backend"] = args.ddp_backend
+        handlers.append(InitProcessGroupKwargs(**group))
     return Accelerator(
         mixed_precision=precision,
         cpu=args.use_cpu,
         dataloader_config=dataloader_config,
         step_scheduler_with_optimizer=False,
-        kwargs_handlers=[DistributedDataParallelKwargs(**ddp)] if ddp else None,
+        kwargs_handlers=handlers or None,
+        **accelerator_plugins(args),
     )
+
+
+def _check_sharding(trainer: "Trainer") -> None:
+    """Accelerate quietly falls back to DDP where it cannot shard; say so instead."""
+    from .args import ArgumentError
+    from .state_dicts import is_fsdp
+
+    if trainer.args.fsdp and not is_fsdp(trainer):
+        kind = trainer.accelerator.distributed_type.value
+        raise ArgumentError("fsdp", f"Accelerate did not start FSDP here (this run is {kind}, "
+                                    f"{trainer.accelerator.num_processes} process(es)): FSDP needs several processes "
+                                    "on GPUs or other accelerators (Accelerate does not shard on CPU ranks); "
+                                    "launch with --num-processes N on such a machine, or unset fsdp")
 
 
 class Trainer:
@@ -108,6 +134,7 @@ class Trainer:
         self.args = args if args is not None else TrainingArguments("tmp_trainer")
         set_seed(self.args.seed, deterministic=self.args.full_determinism)
         self.accelerator = _make_accelerator(self.args)
+        _check_sharding(self)
         self._memory = None
         if not self.args.skip_memory_metrics:
             from .memory import StageMemoryTracker
@@ -148,8 +175,17 @@ class Trainer:
         # Signals, Ctrl-C, the UI and Session.stop() all set this one request; the JIT
         # callback turns it into save + stop at the next safe point.
         self.stop_request = StopRequest()
-        defaults: list[Any] = [DefaultFlowCallback, JITCheckpointCallback(self.stop_request),
-                               *reporting_callbacks(self.args)]
+        # What the loop acts on. With one process that is the request itself; with several,
+        # the ranks agree on it at step ends first (distributed.py), so all stop together.
+        self.stop_decision = self.stop_request
+        self._rank_sync = None
+        if self.accelerator.num_processes > 1:
+            from .distributed import RankSync
+
+            self.stop_decision = StopRequest()
+            self._rank_sync = RankSync(self)
+        self._jit_callback = JITCheckpointCallback(self.stop_decision)
+        defaults: list[Any] = [DefaultFlowCallback, self._jit_callback, *reporting_callbacks(self.args)]
         if not self.args.disable_tqdm:
             defaults.append(PrinterCallback)
         self.callback_handler = CallbackHandler(
@@ -537,6 +573,7 @@ class Trainer:
             return TrainingLoop(self).run(resume_from_checkpoint, ignore_keys_for_eval)
 
         self.stop_request.clear()
+        self.stop_decision.clear()
         restore = None
         if self.args.enable_jit_checkpoint and threading.current_thread() is threading.main_thread():
             restore = install_stop_handlers(self.stop_request, [signal.SIGTERM])

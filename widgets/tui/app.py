@@ -127,6 +127,8 @@ class DashboardApp(App[str]):
             screen = self.screen
             if screen is not self.dashboard and isinstance(screen, CheckpointsScreen):
                 screen.show(snap, self.frozen)
+        if self._quitting is None and self.session.stop_reason == "SIGTERM" and self.session.status in TERMINAL:
+            self._quitting = "terminated"  # preempted through another rank: leave as the scheduler expects
         if self._quitting is not None and self.session.status in TERMINAL and not self._exiting:
             self._exiting = True  # exit() once; later polls may still run while the app closes
             self.exit(self.outcome())

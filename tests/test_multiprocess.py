@@ -1,0 +1,392 @@
+"""Multi-process runs under the real launcher: 2 CPU processes in a gloo group.
+
+Each launch starts two Python processes (a few seconds), so the end-to-end tests are
+marked slow; CI runs them. What they pin down: 2 x B equals 1 x 2B, a 2-process
+checkpoint resumes bitwise on 2 processes and closely on 1, a SIGTERM to the launcher or
+to one rank gives one coordinated, verified checkpoint and exit 143, and rank 0's pause,
+live edit, save and evaluation take effect on both ranks at the same step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workbench.checkpoints import CheckpointStore
+from workbench.launch import launcher_command
+
+REPO = Path(__file__).resolve().parents[1]
+
+CONFIG = """\
+run_name = "mlp-ranks"
+[model]
+builtin = "mlp"
+[model.options]
+in_features = 8
+num_classes = 3
+[data]
+builtin = "random-classification"
+[data.options]
+n_train = 256
+n_eval = 30
+in_features = 8
+num_classes = 3
+[training]
+output_dir = "{out}"
+max_steps = {max_steps}
+per_device_train_batch_size = 4
+learning_rate = 1e-2
+logging_steps = 1
+eval_strategy = "steps"
+eval_steps = 6
+save_strategy = "steps"
+save_steps = 6
+enable_jit_checkpoint = true
+seed = 3
+"""
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+
+def _write_config(tmp_path: Path, out: str = "out", max_steps: int = 12) -> Path:
+    path = tmp_path / f"{out}.toml"
+    path.write_text(CONFIG.format(out=out, max_steps=max_steps))
+    return path
+
+
+def _run(command: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run a launch; one retry when the rendezvous port was taken in between (shared machine)."""
+    result = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=cwd, timeout=timeout)
+    if result.returncode not in (0, 143) and "address already in use" in result.stderr.lower():
+        result = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=cwd, timeout=timeout)
+    return result
+
+
+def _workbench(*args: str) -> list[str]:
+    return [sys.executable, "-m", "workbench", *args]
+
+
+def _losses(checkpoint: Path) -> tuple[list[float], list[float]]:
+    history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    return ([h["loss"] for h in history if "loss" in h], [h["eval_loss"] for h in history if "eval_loss" in h])
+
+
+# -- fast checks ----------------------------------------------------------------------
+
+
+def test_launcher_command_puts_cpu_ranks_in_a_gloo_group(monkeypatch, tmp_path):
+    import torch
+    from accelerate.commands import config as accelerate_config
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(accelerate_config, "default_config_file", str(tmp_path / "absent.yaml"))
+    command, env = launcher_command(2, ["-m", "workbench", "run", "c.toml"], port=1234)
+    assert command[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
+    assert "--multi_gpu" in command and command[command.index("--num_processes") + 1] == "2"
+    assert command[command.index("--main_process_port") + 1] == "1234"
+    assert command[-4:] == ["-m", "workbench", "run", "c.toml"]
+    assert env["ACCELERATE_USE_CPU"] == "1"
+
+
+def test_launcher_command_honours_an_accelerate_config_file(tmp_path):
+    config = tmp_path / "accelerate.yaml"
+    config.write_text("distributed_type: MULTI_GPU\nnum_processes: 2\n")
+    command, _ = launcher_command(2, ["train.py"], config_file=str(config))
+    assert command[command.index("--config_file") + 1] == str(config)
+    assert "--multi_gpu" not in command  # the file decides
+    with pytest.raises(FileNotFoundError, match="accelerate config"):
+        launcher_command(2, ["train.py"], config_file=str(tmp_path / "missing.yaml"))
+
+
+def test_num_processes_must_be_positive(tmp_path, capsys):
+    from workbench.cli import main
+
+    config = _write_config(tmp_path)
+    assert main(["run", str(config), "--num-processes", "0"]) == 2
+    assert "--num-processes: 0 is not a process count" in capsys.readouterr().err
+
+
+# -- end to end under the launcher ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process_and_checkpoints_resume(tmp_path):
+    # 2 x B through a plain `accelerate launch -m workbench run` ...
+    config = _write_config(tmp_path, "two")
+    command, env = launcher_command(2, ["-m", "workbench", "run", str(config), "--headless"])
+    two = subprocess.run(command, capture_output=True, text=True, env={**env, **_env()}, cwd=tmp_path, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    # ... equals 1 x 2B.
+    one = _run(_workbench("run", str(_write_config(tmp_path, "one")), "--headless",
+                          "--set", "training.per_device_train_batch_size=8"), tmp_path)
+    assert one.returncode == 0, one.stderr[-3000:]
+    train2, eval2 = _losses(tmp_path / "two" / "checkpoint-12")
+    train1, eval1 = _losses(tmp_path / "one" / "checkpoint-12")
+    assert len(train2) == 12 and train2 == pytest.approx(train1, rel=1e-5, abs=1e-6)
+    # Evaluation gathers both ranks without the repeats that top up the last batch (30 = 16 + 14).
+    assert len(eval2) == 2 and eval2 == pytest.approx(eval1, rel=1e-5, abs=1e-6)
+
+    checkpoint = tmp_path / "two" / "checkpoint-6"
+    store = CheckpointStore(tmp_path / "two")
+    assert store.verify(checkpoint) == (True, None)
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(manifest["files"])
+
+    # Resume on 2 processes: bitwise the same losses as the uninterrupted run.
+    resumed2 = _run(_workbench("run", str(config), "--headless", "--num-processes", "2",
+                               "--resume", str(checkpoint), "--set", "training.output_dir=two-resumed"), tmp_path)
+    assert resumed2.returncode == 0, resumed2.stderr[-3000:]
+    assert _losses(tmp_path / "two-resumed" / "checkpoint-12")[0][-6:] == train2[-6:]
+    # Resume on 1 process with the doubled batch: the same run, up to float rounding.
+    resumed1 = _run(_workbench("run", str(config), "--headless", "--resume", str(checkpoint),
+                               "--set", "training.output_dir=one-resumed",
+                               "--set", "training.per_device_train_batch_size=8"), tmp_path)
+    assert resumed1.returncode == 0, resumed1.stderr[-3000:]
+    assert _losses(tmp_path / "one-resumed" / "checkpoint-12")[0][-6:] == pytest.approx(train2[-6:], rel=1e-5)
+
+
+def _wait_for_step(events: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        if events.is_file():
+            for line in events.read_text().splitlines():
+                record = json.loads(line)
+                if record.get("event") == "log" and record.get("step", 0) >= step:
+                    return
+        time.sleep(0.2)
+    raise AssertionError(f"no log at step {step} within {timeout} s")
+
+
+def _rank_pids(config: Path, rank: int) -> list[int]:
+    """The processes running ``config`` whose environment says RANK=<rank>."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and str(config).encode() in cmdline and b"accelerate" not in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks through /proc")
+def test_sigterm_to_launcher_or_one_rank_saves_one_checkpoint_and_resumes(tmp_path):
+    config = _write_config(tmp_path, "out", max_steps=100_000)
+    overrides = ["--set", "training.logging_steps=20", "--set", "training.eval_strategy=no",
+                 "--set", "training.save_steps=100000"]
+    out = tmp_path / "out"
+    store = CheckpointStore(out)
+    stopped_at = []
+    for target in ("launcher", "rank 1"):
+        args = ["run", str(config), "--headless", "--num-processes", "2", *overrides]
+        if target != "launcher":
+            args.append("--resume")
+        proc = subprocess.Popen(_workbench(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=_env(), cwd=tmp_path)
+        try:
+            _wait_for_step(out / "events.jsonl", (stopped_at[-1] if stopped_at else 0) + 40, proc)
+            if target == "launcher":
+                proc.send_signal(signal.SIGTERM)
+            else:
+                pids = _rank_pids(config, 1)
+                assert pids, "rank 1 not found"
+                for pid in pids:
+                    os.kill(pid, signal.SIGTERM)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 143, (target, err[-3000:])
+        assert "stopped by SIGTERM" in err
+        infos = [c for c in store.list() if c.complete]
+        assert len(infos) == len(stopped_at) + 1  # one new checkpoint per stop
+        newest = infos[-1]
+        assert store.verify(newest.path) == (True, None)
+        assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in Path(newest.path).iterdir()}
+        stopped_at.append(newest.step)
+    assert stopped_at[1] > stopped_at[0]  # the second run resumed and went on
+    # Finish from the last stop: a short remaining run.
+    final = _run(_workbench("run", str(config), "--headless", "--num-processes", "2", "--resume",
+                            *overrides[:2], "--set", f"training.max_steps={stopped_at[-1] + 10}"), tmp_path)
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert store.latest_verified().step == stopped_at[-1] + 10
+
+
+_SESSION_SCRIPT = r'''
+import json, sys, time
+from pathlib import Path
+from workbench import TrainerCallback
+from workbench.build import build_trainer
+from workbench.config import load_config
+from workbench.session import Session
+
+out = Path(sys.argv[1])
+run = load_config(sys.argv[2], ["training.max_steps=40", "training.eval_strategy=no", "training.save_strategy=no"])
+trainer = build_trainer(run)
+rank = trainer.accelerator.process_index
+seen = {"end": [], "lr": []}
+
+class Record(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        seen["end"].append([state.global_step, time.monotonic()])
+        seen["lr"].append([state.global_step, trainer.optimizer.param_groups[0]["lr"]])
+
+trainer.add_callback(Record())
+session = Session(trainer)
+session.start()
+report = {}
+if rank == 0:
+    while session.snapshot().step < 8:
+        time.sleep(0.01)
+    report["pause_status"] = session.pause(wait=True, timeout=60)
+    report["paused_at"] = session.snapshot().step
+    time.sleep(1.5)  # several heartbeats: rank 1 must still be waiting afterwards
+    report["edit"] = session.set(learning_rate=0.05)
+    report["saved"] = str(session.save())
+    report["eval_loss"] = session.evaluate()["eval_loss"]
+    try:
+        session.set(not_a_field=1)
+    except ValueError as exc:
+        report["refused"] = str(exc)
+    session.resume()
+else:
+    try:
+        session.pause()
+    except RuntimeError as exc:
+        report["refused"] = str(exc)
+report["status"] = session.wait()
+report["live_edits"] = trainer.state.live_edits
+report.update(seen)
+(out / f"rank{rank}.json").write_text(json.dumps(report))
+trainer.accelerator.wait_for_everyone()
+import torch.distributed as dist
+if dist.is_initialized():
+    dist.destroy_process_group()
+'''
+
+
+@pytest.mark.slow
+def test_pause_edit_save_and_evaluate_from_rank0_apply_on_both_ranks(tmp_path):
+    script = tmp_path / "session_ranks.py"
+    script.write_text(_SESSION_SCRIPT)
+    config = _write_config(tmp_path, "out")
+    command, env = launcher_command(2, [str(script), str(tmp_path), str(config)])
+    result = subprocess.run(command, capture_output=True, text=True, env={**env, **_env()}, cwd=tmp_path,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    zero, one = ranks
+    assert zero["pause_status"] == "paused" and zero["status"] == one["status"] == "finished"
+    assert "with several processes the run is steered from rank 0" in one["refused"]
+    paused_at = zero["paused_at"]
+    for rank in ranks:
+        # The pause: the one long gap between step ends, before the same step on both ranks.
+        ends = rank["end"]
+        gaps = [(b[1] - a[1], b[0]) for a, b in zip(ends, ends[1:])]
+        longest, step = max(gaps)
+        assert longest > 1.0 and step == paused_at + 1
+        assert sorted(gaps)[-2][0] < 1.0
+        # The edit: the same learning rate on both ranks at every step, new from the pause on.
+        lr = {int(k): v for k, v in rank["lr"]}
+        assert lr[paused_at + 1] > 3 * lr[paused_at]  # base 0.01 -> 0.05 on the linear decay
+        assert rank["live_edits"] and rank["live_edits"][0]["learning_rate"] == 0.05
+        assert rank["live_edits"][0]["step"] == paused_at
+    assert dict(zero["lr"]) == dict(one["lr"])
+    saved = Path(zero["saved"])
+    assert saved.name == f"checkpoint-{paused_at}"
+    assert CheckpointStore(saved.parent).verify(saved) == (True, None)
+    assert (saved / "rng_state_1.pth").is_file()
+    assert zero["eval_loss"] > 0
+
+
+_FORCED_FSDP = r'''
+import os, sys
+from pathlib import Path
+import workbench.loop as loop
+import workbench.trainer as trainer_module
+from workbench.sharding import _fsdp_plugin
+
+make_accelerator = trainer_module._make_accelerator
+
+def forced_fsdp(args):
+    # Accelerate 1.15 shards only on accelerators and silently uses DDP on CPU ranks; put
+    # its FSDP2 path in place here so the sharded save/load code runs for real (gloo).
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+    acc = make_accelerator(args)
+    PartialState._shared_state["distributed_type"] = acc.state.distributed_type = DistributedType.FSDP
+    acc.state.fsdp_plugin = _fsdp_plugin(args)
+    return acc
+
+wrap_model = loop.TrainingLoop._wrap_model
+
+def recording_wrap(self):
+    model = wrap_model(self)
+    Path(os.environ["PARAM_KIND"]).write_text(type(next(model.parameters())).__name__)
+    return model
+
+trainer_module._make_accelerator = forced_fsdp
+loop.TrainingLoop._wrap_model = recording_wrap
+from workbench.cli import main
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+def test_fsdp_is_refused_where_accelerate_would_not_shard(tmp_path):
+    from workbench import Trainer, TrainingArguments
+    from workbench.args import ArgumentError
+    from workbench.models import MLPClassifier
+
+    args = TrainingArguments(str(tmp_path), fsdp="full_shard auto_wrap", fsdp_config={"fsdp_version": 2}, use_cpu=True)
+    with pytest.raises(ArgumentError, match="Accelerate did not start FSDP here"):
+        Trainer(model=MLPClassifier(in_features=4, num_classes=2), args=args)
+    with pytest.raises(ArgumentError, match="fsdp: unknown option"):
+        TrainingArguments(str(tmp_path), fsdp="full_shard sideways")
+    with pytest.raises(ArgumentError, match="deepspeed: DeepSpeed is not installed"):
+        TrainingArguments(str(tmp_path), deepspeed={"zero_optimization": {"stage": 2}})
+
+
+@pytest.mark.slow
+def test_fsdp2_checkpoint_resumes_bitwise_on_fsdp_and_closely_on_one_process(tmp_path):
+    script = tmp_path / "fsdp_ranks.py"
+    script.write_text(_FORCED_FSDP)
+    config = _write_config(tmp_path, "fsdp")
+    with config.open("a") as f:
+        f.write('fsdp = "full_shard"\nfsdp_config = { fsdp_version = 2 }\n')
+
+    def launch(*args: str) -> subprocess.CompletedProcess:
+        command, env = launcher_command(2, [str(script), "run", str(config), "--headless", *args])
+        env = {**env, **_env(), "PARAM_KIND": str(tmp_path / "param-kind.txt")}
+        return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+
+    full = launch()
+    assert full.returncode == 0, full.stderr[-3000:]
+    assert (tmp_path / "param-kind.txt").read_text() == "DTensor"  # really sharded
+    train_full, _ = _losses(tmp_path / "fsdp" / "checkpoint-12")
+    checkpoint = tmp_path / "fsdp" / "checkpoint-6"
+    optimizer = __import__("torch").load(checkpoint / "optimizer.pt", weights_only=True)
+    assert all(isinstance(name, str) for name in optimizer["state"])  # gathered, keyed by parameter name
+
+    resumed = launch("--resume", str(checkpoint), "--set", "training.output_dir=fsdp-resumed")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _losses(tmp_path / "fsdp-resumed" / "checkpoint-12")[0][-6:] == train_full[-6:]
+    one = _run(_workbench("run", str(_write_config(tmp_path, "one")), "--headless", "--resume", str(checkpoint),
+                          "--set", "training.per_device_train_batch_size=8"), tmp_path)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "saved by 2 process(es) and resumes on 1" in one.stderr
+    assert _losses(tmp_path / "one" / "checkpoint-12")[0][-6:] == pytest.approx(train_full[-6:], rel=1e-5)

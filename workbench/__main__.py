@@ -1,0 +1,7 @@
+"""``python -m workbench`` (what ``accelerate launch -m workbench run CONFIG`` starts on each rank)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

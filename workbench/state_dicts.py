@@ -1,0 +1,131 @@
+"""Model and optimizer state in and out of a prepared model: plain, DDP or FSDP.
+
+Saving takes *host copies* (nothing that training mutates afterwards is referenced), so
+the files can be written while training goes on. Under FSDP the full state is gathered
+with torch's distributed state-dict API (a collective: every rank calls it; rank 0 gets
+the tensors) and optimizer state is keyed by parameter name, the format
+``set_optimizer_state_dict`` loads into FSDP and plain models alike. Loading accepts
+either format, so checkpoints move between 1 process, DDP and FSDP runs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .trainer_utils import unwrap_model
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+__all__ = ["host_copy", "unique_state", "capture_model_state", "capture_optimizer_state",
+           "load_model_state", "load_optimizer_state", "is_fsdp"]
+
+
+def is_fsdp(trainer: "Trainer") -> bool:
+    """Whether the model is sharded by FSDP (its state must be gathered and scattered)."""
+    from accelerate.utils import DistributedType
+
+    return trainer.accelerator.distributed_type == DistributedType.FSDP
+
+
+def host_copy(obj: Any) -> Any:
+    """``obj`` with every tensor copied to host memory (containers rebuilt, other values kept)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: host_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [host_copy(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(host_copy(v) for v in obj)
+    return obj
+
+
+def unique_state(model: torch.nn.Module, copy: bool = False) -> dict[str, torch.Tensor]:
+    """The state dict without aliases (tied weights stored once, under their first name)."""
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+    out = {}
+    for name, tensor in model.state_dict().items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if tensor.numel() and key in seen:
+            continue
+        seen.add(key)
+        out[name] = tensor.detach().to("cpu", copy=copy).contiguous()
+    return out
+
+
+def _options(**kwargs: Any):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kwargs)
+
+
+def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    return getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper holds the real one
+
+
+def capture_model_state(trainer: "Trainer") -> dict[str, torch.Tensor] | None:
+    """Host copies of the full weights on rank 0 (None on other ranks); collective under FSDP."""
+    if is_fsdp(trainer):
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        state = get_model_state_dict(trainer.model_wrapped, options=_options(cpu_offload=True))
+        return state if trainer.accelerator.is_main_process else None
+    if not trainer.accelerator.is_main_process:
+        return None
+    return unique_state(unwrap_model(trainer.model), copy=True)
+
+
+def capture_optimizer_state(trainer: "Trainer") -> dict[str, Any] | None:
+    """A host copy of the optimizer state on rank 0 (None elsewhere); collective under FSDP."""
+    optimizer = _torch_optimizer(trainer.optimizer)
+    if is_fsdp(trainer):
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        state = get_optimizer_state_dict(trainer.model_wrapped, optimizer, options=_options(cpu_offload=True))
+        return state if trainer.accelerator.is_main_process else None
+    if not trainer.accelerator.is_main_process:
+        return None
+    return host_copy(optimizer.state_dict())
+
+
+def load_model_state(trainer: "Trainer", state: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
+    """Load full weights (every rank passes them); returns (missing, unexpected) names."""
+    model = unwrap_model(trainer.model)
+    if is_fsdp(trainer):
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        result = set_model_state_dict(trainer.model_wrapped, state, options=_options(strict=False))
+        return list(result.missing_keys), list(result.unexpected_keys)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    return list(missing), list(unexpected)
+
+
+def _keyed_by_name(state: dict[str, Any]) -> bool:
+    return any(isinstance(p, str) for group in state.get("param_groups", []) for p in group.get("params", []))
+
+
+def load_optimizer_state(trainer: "Trainer", state: dict[str, Any]) -> None:
+    """Load optimizer state saved by any run: index-keyed (torch) or name-keyed (FSDP)."""
+    optimizer = _torch_optimizer(trainer.optimizer)
+    if not is_fsdp(trainer) and not _keyed_by_name(state):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    if not _keyed_by_name(state):
+        state = _index_to_names(trainer, optimizer, state)
+    set_optimizer_state_dict(trainer.model_wrapped if is_fsdp(trainer) else unwrap_model(trainer.model),
+                             optimizer, state, options=_options())
+
+
+def _index_to_names(trainer: "Trainer", optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+    """torch's index-keyed optimizer state -> parameter-name keys, by this optimizer's order."""
+    names = {id(p): n for n, p in unwrap_model(trainer.model).named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    return {
+        "state": {order[i]: v for i, v in state["state"].items()},
+        "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]],
+    }
