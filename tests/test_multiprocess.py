@@ -236,7 +236,7 @@ from workbench.config import load_config
 from workbench.session import Session
 
 out = Path(sys.argv[1])
-run = load_config(sys.argv[2], ["training.max_steps=40", "training.eval_strategy=no", "training.save_strategy=no"])
+run = load_config(sys.argv[2], ["training.max_steps=300", "training.eval_strategy=no", "training.save_strategy=no"])
 trainer = build_trainer(run)
 rank = trainer.accelerator.process_index
 seen = {"end": [], "lr": []}
@@ -264,6 +264,9 @@ if rank == 0:
     except ValueError as exc:
         report["refused"] = str(exc)
     session.resume()
+    # While running: the edit and the save wait for the next agreement, then happen on both ranks.
+    report["running_edit"] = session.set(learning_rate=0.02).result(timeout=120)
+    report["running_saved"] = str(session.save().result(timeout=120))
 else:
     try:
         session.pause()
@@ -304,9 +307,15 @@ def test_pause_edit_save_and_evaluate_from_rank0_apply_on_both_ranks(tmp_path):
         # The edit: the same learning rate on both ranks at every step, new from the pause on.
         lr = {int(k): v for k, v in rank["lr"]}
         assert lr[paused_at + 1] > 3 * lr[paused_at]  # base 0.01 -> 0.05 on the linear decay
-        assert rank["live_edits"] and rank["live_edits"][0]["learning_rate"] == 0.05
-        assert rank["live_edits"][0]["step"] == paused_at
-    assert dict(zero["lr"]) == dict(one["lr"])
+        edits = rank["live_edits"]
+        assert [e["learning_rate"] for e in edits] == [0.05, 0.02]
+        assert edits[0]["step"] == paused_at and edits[1]["step"] > paused_at
+    assert dict(zero["lr"]) == dict(one["lr"])  # every edit took effect at the same step on both ranks
+    assert zero["live_edits"] == one["live_edits"]
+    assert zero["running_edit"] == {"learning_rate": 0.02}
+    running_saved = Path(zero["running_saved"])
+    assert CheckpointStore(running_saved.parent).verify(running_saved) == (True, None)
+    assert (running_saved / "rng_state_1.pth").is_file()
     saved = Path(zero["saved"])
     assert saved.name == f"checkpoint-{paused_at}"
     assert CheckpointStore(saved.parent).verify(saved) == (True, None)

@@ -1,25 +1,35 @@
 """Controls across ranks: decided once, applied by every rank at the same step boundary.
 
 Pause, stop, save-now, evaluate-now and live edits come from rank 0's Session; a SIGTERM
-or a callback's decision can come from any rank. Acting on any of them locally would let
-the ranks drift apart (one saves while another waits in an all-reduce), so each rank only
-*proposes* at a step end, and the loop acts on what all ranks agreed:
+can reach any rank. Acting on them locally would let the ranks drift apart (one saves
+while another waits in an all-reduce), so a rank only *proposes*, and every rank acts on
+what all of them agreed:
 
-- one all-reduce (MAX) of a few integers per step: the stop request and its reason, the
-  ``TrainerControl`` flags every callback set, rank 0's pause and "edits follow" bits;
-- when rank 0 applied live edits, a broadcast of those (rare, pickled);
-- while paused, the same exchange every 0.2 s as a heartbeat that also carries rank 0's
-  paused-time actions (save, evaluate, edits) so every rank takes part in their
-  collectives, and no rank sits in a collective long enough to time out.
+- an exchange is an all-reduce (MAX) of eight integers, started at a step end without
+  waiting for it: the stop request and its reason, rank 0's save / evaluate / pause
+  requests, an "edits follow" bit and the exchange interval. The next exchange point
+  collects the result (long finished by then: it ran beside the steps' compute) and
+  applies it, on every rank at the same step;
+- exchange points come every ``every`` steps, an interval rank 0 derives from the step
+  time (about 20 a second) and the ranks agree on like everything else; so on tiny steps
+  the exchange costs a fraction of a percent, and a request waits at most ~0.1 s;
+- when edits follow, rank 0 applies them and broadcasts the records (rare, pickled);
+- while paused, the same exchange runs every 0.2 s as a heartbeat that also carries rank
+  0's paused-time actions (save, evaluate, edits), so every rank takes part in their
+  collectives and none sits in a collective long enough to time out.
 
-The exchange runs on a gloo group: on CPU that is the default group; with NCCL a gloo
-side group keeps these reads off the GPU stream (no device sync per step).
+Callbacks' own ``TrainerControl`` decisions are not exchanged: as in HF, callbacks are
+expected to decide the same on every rank (they see the same state and gathered metrics).
+The exchange uses its own gloo group, apart from the gradients' group, and never touches
+the GPU, so it adds no device sync.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,15 +37,15 @@ import torch
 if TYPE_CHECKING:
     from .trainer import Trainer
 
-__all__ = ["RankSync"]
+__all__ = ["RankSync", "HEARTBEAT_S"]
 
 # Stop reasons by priority: the highest proposal wins (a preemption outranks a UI stop).
 _REASONS = ("", "session", "ui", "SIGUSR1", "SIGINT", "SIGTERM")
-_STOP, _NOSAVE, _SAVE, _EVAL, _LOG, _TSTOP, _ESTOP, _PAUSE, _EDITS, _ACTION = range(10)
-_CONTROL = {_SAVE: "should_save", _EVAL: "should_evaluate", _LOG: "should_log",
-            _TSTOP: "should_training_stop", _ESTOP: "should_epoch_stop"}
+_STOP, _NOSAVE, _SAVE, _EVAL, _PAUSE, _EDITS, _ACTION, _EVERY = range(8)
 _ACTIONS = ("", "save", "evaluate")
 HEARTBEAT_S = 0.2
+EXCHANGE_S = 0.05  # aim: about 20 exchanges a second, however short the steps
+MAX_EVERY = 64
 
 
 def _reason_code(reason: str | None) -> int:
@@ -45,7 +55,7 @@ def _reason_code(reason: str | None) -> int:
 
 
 class RankSync:
-    """The per-step agreement between ranks (one per Trainer when there are several processes)."""
+    """The agreement between ranks (one per Trainer when there are several processes)."""
 
     def __init__(self, trainer: "Trainer") -> None:
         import torch.distributed as dist
@@ -53,60 +63,111 @@ class RankSync:
         self.trainer = trainer
         self.rank = dist.get_rank()
         self.is_main = self.rank == 0
-        # A CPU group for a few integers: gloo's own default group, or a side group next to NCCL.
-        self.group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-        self._flags = torch.zeros(10, dtype=torch.int64)
+        self.group = dist.new_group(backend="gloo")  # collective: every rank builds its Trainer
+        self._buffers = (torch.zeros(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64))
+        self._turn = 0
+        self._work: Any = None  # the all-reduce started at the last step end
         self._lock = threading.Lock()
-        self._edits: list[dict[str, Any]] = []  # applied on rank 0 since the last exchange
+        self._requests: set[str] = set()  # "save" / "evaluate" asked for on rank 0
+        self._records: list[dict[str, Any]] = []  # edits rank 0 applied while paused
+        self._edits: list[tuple[dict[str, Any], Future]] = []  # edits to apply when agreed
+        self._sent_edits: list[tuple[dict[str, Any], Future]] = []
+        self._sent_records: list[dict[str, Any]] = []
         self.pause_wanted: Callable[[], bool] = lambda: False  # rank 0's Session installs its own
-        self.paused = False  # agreed at the last exchange: every rank waits before the next step
-        self.exchanges = 0
+        # Rank 0's Session applies an edit and returns its live-edit record.
+        self.apply_on_main: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        self.paused = False  # agreed: every rank waits before the next step
+        self.every = 1  # agreed: steps between exchange points
+        self._since = 0
+        self._since_point = 0
+        self._last_point: float | None = None  # rank 0's clock at the last exchange point
 
-    # -- what rank 0 tells the others ------------------------------------------------------
+    # -- what rank 0 asks for --------------------------------------------------------------
 
-    def publish_edit(self, record: dict[str, Any]) -> None:
-        """Queue an edit rank 0 applied (a live-edit record) for the other ranks."""
-        if self.is_main:
-            with self._lock:
-                self._edits.append(dict(record))
+    def request(self, kind: str) -> None:
+        """Ask for a save or an evaluation on every rank (takes effect at the next agreement)."""
+        with self._lock:
+            self._requests.add(kind)
+
+    def propose_edit(self, changes: dict[str, Any]) -> Future:
+        """Queue a live edit; every rank applies it at the next agreement (the Future gets the result)."""
+        future: Future = Future()
+        with self._lock:
+            self._edits.append((dict(changes), future))
+        return future
+
+    def publish_record(self, record: dict[str, Any]) -> None:
+        """An edit rank 0 already applied (while paused) for the other ranks to apply too."""
+        with self._lock:
+            self._records.append(dict(record))
 
     # -- the exchange ---------------------------------------------------------------------------
 
-    def _exchange(self, control=None, pause: bool = False, action: str = "") -> torch.Tensor:
-        import torch.distributed as dist
-
-        trainer = self.trainer
-        flags = self._flags
+    def _fill(self, flags: torch.Tensor, pause: bool, action: str = "", at_step: bool = True) -> None:
+        request = self.trainer.stop_request
         flags.zero_()
-        request = trainer.stop_request
         if request.is_set():
             flags[_STOP] = _reason_code(request.reason)
             flags[_NOSAVE] = int(not request.save)
-        if control is not None:
-            for index, name in _CONTROL.items():
-                if getattr(control, name):
-                    flags[index] = 1
         if self.is_main:
-            flags[_PAUSE] = int(pause)
-            flags[_ACTION] = _ACTIONS.index(action)
             with self._lock:
-                edits, self._edits = self._edits, []
-            flags[_EDITS] = int(bool(edits))
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
-        self.exchanges += 1
+                requests, self._requests = self._requests, set()
+                self._sent_edits, self._edits = self._edits, []
+                self._sent_records, self._records = self._records, []
+            flags[_SAVE] = int("save" in requests)
+            flags[_EVAL] = int("evaluate" in requests)
+            flags[_PAUSE] = int(pause)
+            flags[_EDITS] = int(bool(self._sent_edits or self._sent_records))
+            flags[_ACTION] = _ACTIONS.index(action)
+            flags[_EVERY] = self._next_every() if at_step else self.every
+
+    def _next_every(self) -> int:
+        """Rank 0's proposal: steps per exchange so that exchanges come every EXCHANGE_S."""
+        now = time.perf_counter()
+        last, self._last_point = self._last_point, now
+        if last is None or self._since_point == 0:
+            return self.every
+        step_s = (now - last) / self._since_point
+        return max(1, min(MAX_EVERY, int(EXCHANGE_S / step_s) if step_s > 0 else MAX_EVERY))
+
+    def _apply(self, flags: torch.Tensor, control=None) -> None:
+        import torch.distributed as dist
+
+        trainer = self.trainer
         if flags[_EDITS]:
-            payload = [edits if self.is_main else None]
+            records = None
+            if self.is_main:
+                records = list(self._sent_records)
+                for changes, future in self._sent_edits:
+                    try:
+                        record = self.apply_on_main(changes)
+                    except Exception as exc:  # noqa: BLE001 - refused edits go back to the caller
+                        future.set_exception(exc)
+                        continue
+                    future.set_result({k: v for k, v in record.items() if k not in ("step", "time")})
+                    records.append(record)
+                self._sent_edits, self._sent_records = [], []
+            payload = [records]
             dist.broadcast_object_list(payload, src=0, group=self.group)
             if not self.is_main:
-                self._apply_edits(payload[0])
+                self._apply_records(payload[0])
         if flags[_STOP] and not trainer.stop_decision.is_set():
             reason = _REASONS[int(flags[_STOP])] or "session"
             trainer.stop_decision.set(reason, save=not flags[_NOSAVE])
-            if not request.is_set():  # this rank's own request now says why the run stopped
-                request.set(reason, save=not flags[_NOSAVE])
-        return flags
+            if not trainer.stop_request.is_set():  # this rank's own request now says why it stopped
+                trainer.stop_request.set(reason, save=not flags[_NOSAVE])
+        if control is not None:
+            if flags[_SAVE]:
+                control.should_save = True
+            if flags[_EVAL]:
+                control.should_evaluate = True
+            if trainer.stop_decision.is_set():
+                trainer._jit_callback.act(control)
+        self.paused = bool(flags[_PAUSE]) and not trainer.stop_decision.is_set()
+        if flags[_EVERY]:
+            self.every = int(flags[_EVERY])
 
-    def _apply_edits(self, records: list[dict[str, Any]]) -> None:
+    def _apply_records(self, records: list[dict[str, Any]]) -> None:
         from .session_state import apply_edit
 
         state = self.trainer.state
@@ -117,28 +178,56 @@ class RankSync:
             state.live_edits.append(dict(record))
 
     def step_end(self, control) -> None:
-        """At each step end: agree on the control flags, stops, pauses and edits."""
-        flags = self._exchange(control, pause=self.pause_wanted())
-        for index, name in _CONTROL.items():
-            setattr(control, name, bool(flags[index]))
-        self.paused = bool(flags[_PAUSE])
-        if self.trainer.stop_decision.is_set():
-            self.trainer._jit_callback.act(control)
+        """At exchange points: act on the last agreement, then start the next one."""
+        import torch.distributed as dist
 
-    def heartbeat(self, paused: bool, action: str = "") -> tuple[bool, str]:
-        """One exchange while paused: (still paused, action every rank runs now)."""
-        flags = self._exchange(pause=paused, action=action)
-        still = bool(flags[_PAUSE]) and not self.trainer.stop_decision.is_set()
-        return still, _ACTIONS[int(flags[_ACTION])]
+        self._since += 1
+        if self._since < self.every:
+            return
+        self._since_point, self._since = self._since, 0
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+            self._apply(self._buffers[self._turn], control)
+        if self.paused or self.trainer.stop_decision.is_set():
+            return  # nothing in flight while paused or stopping: heartbeats take over
+        self._turn ^= 1
+        flags = self._buffers[self._turn]
+        self._fill(flags, pause=self.pause_wanted())
+        self._work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+
+    def finish(self) -> None:
+        """Wait for an exchange still in flight when training ends (its requests lapse)."""
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        self.paused = False
+        self.every, self._since, self._since_point, self._last_point = 1, 0, 0, None
+
+    def heartbeat(self, paused: bool, action: str = "") -> tuple[bool, list[str]]:
+        """One blocking exchange while paused: (still paused, actions every rank runs now).
+
+        The actions are rank 0's paused-time ``action`` plus saves / evaluations requested
+        just before the pause began (they could no longer wait for a step end).
+        """
+        import torch.distributed as dist
+
+        flags = self._buffers[self._turn]
+        self._fill(flags, pause=paused, action=action, at_step=False)
+        self._last_point = None  # time spent paused says nothing about step times
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+        self._apply(flags)
+        actions = [_ACTIONS[int(flags[_ACTION])]] if flags[_ACTION] else []
+        actions += [kind for index, kind in ((_SAVE, "save"), (_EVAL, "evaluate")) if flags[index]]
+        return self.paused, actions
 
     def follow_pause(self, run_action: Callable[[str], Any]) -> None:
         """On ranks other than 0: wait out rank 0's pause, joining its paused-time actions."""
         if self.is_main or not self.paused:
             return
         while True:
-            still, action = self.heartbeat(False)
-            if action:
+            still, actions = self.heartbeat(False)
+            for action in actions:
                 run_action(action)
             if not still:
                 break
-        self.paused = False

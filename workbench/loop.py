@@ -336,6 +336,8 @@ class TrainingLoop:
     def _finish(self, start_time: float, start_step: int) -> TrainOutput:
         trainer, args = self.trainer, self.args
         state = trainer.state
+        if trainer._rank_sync is not None:
+            trainer._rank_sync.finish()
         # Fold in loss not yet logged, so train_loss covers every step.
         steps_run = max(state.global_step - start_step, 1)
         remaining = self.tr_loss.item() if state.global_step > self.last_logged else 0.0

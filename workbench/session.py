@@ -34,6 +34,17 @@ __all__ = ["Session", "Snapshot", "SessionEvent"]
 _TERMINAL = ("finished", "stopped", "failed")
 
 
+def _chain(source: Future, target: Future) -> None:
+    """Complete ``target`` with ``source``'s outcome."""
+    def copy(done: Future) -> None:
+        if done.exception() is not None:
+            target.set_exception(done.exception())
+        else:
+            target.set_result(done.result())
+
+    source.add_done_callback(copy)
+
+
 @dataclass(frozen=True)
 class _Command:
     kind: str  # "save" | "evaluate" | "set"
@@ -110,6 +121,7 @@ class Session:
         self._paused_actions: queue.Queue[tuple[str, Future]] = queue.Queue()
         if self._sync is not None and self._sync.is_main:
             self._sync.pause_wanted = self._pause_requested.is_set
+            self._sync.apply_on_main = self._apply_edit_record
         trainer.add_callback(SessionCallback(self))
 
     # -- construction ----------------------------------------------------------------
@@ -245,6 +257,7 @@ class Session:
 
     def save(self) -> Future | Path:
         """Save a checkpoint: at once when paused (returns its path), else at the next step end (a Future)."""
+        self._require_main("save")
         with self._lock:
             if self._status == "paused":
                 if self._sync is None:
@@ -260,6 +273,7 @@ class Session:
 
     def evaluate(self) -> Future | dict[str, float]:
         """Evaluate: in this thread when paused (returns metrics), else at the next step end (a Future)."""
+        self._require_main("evaluate")
         with self._lock:
             if self._status == "paused" and self._sync is not None:
                 future = self._queue_paused_action("evaluate")
@@ -281,8 +295,14 @@ class Session:
             EDITABLE[key](value)
         self._require_main("set")
         with self._lock:
+            if self._sync is not None and self._status == "idle":
+                raise RuntimeError("set: with several processes, edit a run once it has started "
+                                   "(or change the config)")
             if self._status in ("paused", "idle"):
-                return self._apply_edits(changes)
+                applied = self._apply_edits(changes)
+                if self._sync is not None:  # the other ranks apply it at the next heartbeat
+                    self._sync.publish_record(self.trainer.state.live_edits[-1])
+                return applied
             if self._status in _TERMINAL:
                 raise RuntimeError(f"cannot edit: the session is {self._status}")
             command = _Command("set", changes=dict(changes))
@@ -338,6 +358,9 @@ class Session:
         return future
 
     def _require_not_running(self, what: str) -> None:
+        if self._sync is not None:
+            raise RuntimeError(f"{what}: not available with several processes; relaunch the run with --resume "
+                               "CHECKPOINT (and --set for changed arguments)")
         if self._thread is not None and self._thread.is_alive():
             raise RuntimeError(f"{what}: stop the current run first (session.stop(); session.wait())")
 
@@ -490,14 +513,17 @@ class Session:
                     kind, future = "", None
                     if wanted and not self._paused_actions.empty():
                         kind, future = self._paused_actions.get_nowait()
-                    still, action = sync.heartbeat(wanted, kind)
-                    if action:
+                    still, actions = sync.heartbeat(wanted, kind)
+                    for action in actions:
                         try:
                             result = self._save_now() if action == "save" else self._evaluate_now()
                         except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                            future.set_exception(exc)
+                            if future is not None:
+                                future.set_exception(exc)
                             raise
-                        future.set_result(result)
+                        if future is not None and action == kind:
+                            future.set_result(result)
+                            future = None
                     if not still:
                         break
                     if self._paused_actions.empty():
@@ -520,17 +546,28 @@ class Session:
             except queue.Empty:
                 break
             if command.kind == "set":
+                if self._sync is not None:  # every rank applies it at the next agreement
+                    _chain(self._sync.propose_edit(command.changes), command.future)
+                    continue
                 try:
                     command.future.set_result(self._apply_edits(command.changes))
                 except Exception as exc:  # noqa: BLE001 - reported to the caller
                     command.future.set_exception(exc)
             elif command.kind == "save":
-                control.should_save = True
+                self._request(control, "save")
                 self._pending_saves.append(command.future)
                 self._set_status("saving", only_from=("running",))
             elif command.kind == "evaluate":
-                control.should_evaluate = True
+                self._request(control, "evaluate")
                 self._pending_evals.append(command.future)
+
+    def _request(self, control, kind: str) -> None:
+        if self._sync is not None:
+            self._sync.request(kind)  # all ranks save / evaluate at the next agreement
+        elif kind == "save":
+            control.should_save = True
+        else:
+            control.should_evaluate = True
 
     def _tick(self, state) -> None:
         now = time.perf_counter()
@@ -604,6 +641,11 @@ class Session:
             finally:
                 model.train(was_training)
 
+    def _apply_edit_record(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Apply an edit the ranks agreed on; its live-edit record goes to the other ranks."""
+        self._apply_edits(changes)
+        return dict(self.trainer.state.live_edits[-1])
+
     def _apply_edits(self, changes: dict[str, Any]) -> dict[str, Any]:
         trainer = self.trainer
         applied = {}
@@ -614,8 +656,6 @@ class Session:
         record = {"step": trainer.state.global_step, "time": time.time(), **applied}
         trainer.state.live_edits.append(record)
         self._edits.append(record)
-        if self._sync is not None:
-            self._sync.publish_edit(record)
         from .tracking import EventLog
 
         if trainer.is_world_process_zero():
