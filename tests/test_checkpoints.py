@@ -737,3 +737,71 @@ def test_save_checkpoint_writes_hf_names_and_json_arguments(tmp_path):
     manifest = json.loads((path / "manifest.json").read_text())
     assert set(manifest["files"]) == names - {"manifest.json"}
     assert CheckpointStore(tmp_path).verify(path) == (True, None)
+
+
+# ------------------------------------------------------------------ 12. background saves (save_async)
+
+
+def test_background_saves_publish_the_same_checkpoints_and_resume_bitwise(tmp_path):
+    sync = run(tmp_path / "sync", max_steps=10, save_strategy="steps", save_steps=2, save_total_limit=2)
+    background = run(tmp_path / "async", max_steps=10, save_strategy="steps", save_steps=2, save_total_limit=2,
+                     save_async=True)
+    assert_same_run(sync, background)
+    store = CheckpointStore(tmp_path / "async")
+    names = [c.name for c in store.list()]
+    assert names == [c.name for c in CheckpointStore(tmp_path / "sync").list()] == ["checkpoint-8", "checkpoint-10"]
+    assert all(store.verify(c.path) == (True, None) for c in store.list())  # published before train() returned
+    for name in ("model.safetensors", "optimizer.pt"):
+        assert (tmp_path / "async" / "checkpoint-8" / name).read_bytes() == \
+            (tmp_path / "sync" / "checkpoint-8" / name).read_bytes()
+    resumed = run(tmp_path / "async", max_steps=10, resume=str(tmp_path / "async" / "checkpoint-8"), save_async=True)
+    assert_same_run(sync, resumed)
+
+
+def test_background_save_writes_the_state_of_its_step_not_later_updates(tmp_path):
+    trainer = run(tmp_path / "out", max_steps=2, save_strategy="no", save_async=True)
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    gate = __import__("threading").Event()
+    original = ckpt.CheckpointContents.write
+
+    def slow_write(self, directory):
+        gate.wait(10)  # the host copy is taken; the files are not written yet
+        original(self, directory)
+
+    ckpt.CheckpointContents.write = slow_write
+    try:
+        trainer.args.save_async = True
+        path = save_checkpoint(trainer)
+        assert not path.exists()  # still being written
+        with torch.no_grad():
+            for p in trainer.model.parameters():
+                p.add_(1.0)  # training goes on meanwhile
+        gate.set()
+        trainer.checkpoint_writer.wait()
+    finally:
+        ckpt.CheckpointContents.write = original
+    saved = load_file(str(path / "model.safetensors"))
+    for name, value in saved.items():
+        assert torch.equal(value, before[name]), name
+
+
+def test_a_failed_background_save_is_raised_and_earlier_checkpoints_stay(tmp_path):
+    class FailAt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 4:
+                ckpt.CheckpointContents.write = broken
+
+    original = ckpt.CheckpointContents.write
+
+    def broken(self, directory):
+        raise OSError(28, "No space left on device")
+
+    try:
+        with pytest.raises(OSError, match="saving checkpoint-4 .* failed"):
+            run(tmp_path / "out", max_steps=6, save_strategy="steps", save_steps=2, save_async=True,
+                callbacks=[FailAt()])
+    finally:
+        ckpt.CheckpointContents.write = original
+    store = CheckpointStore(tmp_path / "out")
+    assert [c.name for c in store.list() if c.complete] == ["checkpoint-2"]
+    assert not list((tmp_path / "out").glob(".tmp-*"))

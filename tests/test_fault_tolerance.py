@@ -234,9 +234,9 @@ class KillStats:
                 f"delete; {self.finished_runs} resumed chains compared bitwise with the uninterrupted run")
 
 
-def kill_campaigns(tmp_path: Path, kills_wanted: int, seed: int) -> KillStats:
+def kill_campaigns(tmp_path: Path, kills_wanted: int, seed: int, save_async: bool = False) -> KillStats:
     rng = random.Random(seed)
-    config = FAULT_CONFIG
+    config = merged(FAULT_CONFIG, training={"save_async": True}) if save_async else FAULT_CONFIG
     max_steps, limit = config["training"]["max_steps"], config["training"]["save_total_limit"]
     logs = tmp_path / "logs"
 
@@ -348,6 +348,13 @@ def test_sigkill_at_random_moments_then_resume_matches_uninterrupted(tmp_path):
     assert stats.in_save >= 3, stats.summary()
 
 
+def test_sigkill_with_background_saves_then_resume_matches_uninterrupted(tmp_path):
+    # save_async: kills also land while the writer thread hashes and publishes.
+    stats = kill_campaigns(tmp_path, kills_wanted=12, seed=7, save_async=True)
+    assert stats.kills >= 12
+    assert stats.in_save >= 2, stats.summary()
+
+
 @pytest.mark.slow
 def test_sigkill_at_random_moments_many_rounds(tmp_path):
     stats = kill_campaigns(tmp_path, kills_wanted=60, seed=99)
@@ -395,9 +402,11 @@ def assert_stopped_with_checkpoint(out: Path, run: Run, code: int, expected_code
 # -- 2. real SIGTERM with the JIT checkpoint -------------------------------------------------------
 
 
-def test_sigterm_saves_verified_checkpoint_and_resume_is_bitwise(tmp_path, signal_reference):
+@pytest.mark.parametrize("save_async", [False, True], ids=["sync", "async"])
+def test_sigterm_saves_verified_checkpoint_and_resume_is_bitwise(tmp_path, signal_reference, save_async):
     out = tmp_path / "out"
-    config = write_config(tmp_path, merged(SIGNAL_CONFIG, training={"enable_jit_checkpoint": True}), out)
+    training = {"enable_jit_checkpoint": True, "save_async": save_async}
+    config = write_config(tmp_path, merged(SIGNAL_CONFIG, training=training), out)
     run, _ = start_and_wait_for_training(config, out, tmp_path / "logs", "sigterm")
     run.proc.send_signal(signal.SIGTERM)
     code = run.wait()

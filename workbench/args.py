@@ -226,6 +226,9 @@ class TrainingArguments:
     save_on_each_node: bool = False
     save_total_limit: int | None = None
     enable_jit_checkpoint: bool = False
+    # workbench: copy the state to host memory at the step, write/hash/publish it in the
+    # background (one save at a time; train() returns once every checkpoint is published).
+    save_async: bool = False
     push_to_hub: bool = False
     hub_token: str | None = None
     hub_private_repo: bool | None = None

@@ -448,22 +448,33 @@ def save_checkpoint(trainer: "Trainer") -> Path | None:
             state.stateful_callbacks[type(cb).__name__] = cb.state()
     contents = CheckpointContents.capture(trainer)
 
+    keep = {Path(state.best_model_checkpoint).name} if state.best_model_checkpoint else set()
+    writer = trainer.checkpoint_writer
+
+    def publish(tmp: Path | None = None) -> Path:
+        path = store.publish(step, contents.write) if tmp is None else store.seal(step, tmp, contents.write)
+        store.rotate(args.save_total_limit, keep=keep)
+        return path
+
     path = None
-    if acc.num_processes == 1:
-        path = store.publish(step, contents.write)
-    else:
+    tmp = None
+    if acc.num_processes > 1:
         # Every rank writes its own RNG streams into the folder rank 0 opened; rank 0 adds
         # the rest and publishes only after all of them have written (the manifest covers all).
-        tmp = store.begin(step) if acc.is_main_process else store.temporary(step)
+        if acc.is_main_process:
+            writer.wait()  # the previous save owns the output directory until it has published
+            tmp = store.begin(step)
         acc.wait_for_everyone()
         if not args.save_only_model:
-            torch.save(_rng_state(), tmp / f"rng_state_{acc.process_index}.pth")
+            torch.save(_rng_state(), store.temporary(step) / f"rng_state_{acc.process_index}.pth")
         acc.wait_for_everyone()
-        if acc.is_main_process:
-            path = store.seal(step, tmp, contents.write)
     if acc.is_main_process:
-        keep = {Path(state.best_model_checkpoint).name} if state.best_model_checkpoint else set()
-        store.rotate(args.save_total_limit, keep=keep)
+        if args.save_async:
+            writer.submit(lambda: publish(tmp))
+            path = store.root / name  # where it will be once published
+        else:
+            writer.wait()
+            path = publish(tmp)
     acc.wait_for_everyone()
     return path
 

@@ -351,6 +351,7 @@ class TrainingLoop:
         metrics["train_loss"] = train_loss
         metrics.update(trainer._init_memory_metrics)
         metrics.update(trainer._memory_stage("train", start=False))
+        trainer.checkpoint_writer.wait()  # background saves are published before the run reports done
         if args.load_best_model_at_end and state.best_model_checkpoint is not None:
             from .checkpoints import load_best_model
 

@@ -598,12 +598,25 @@ class Session:
     def _on_save(self, state) -> None:
         path = Path(self.trainer.args.output_dir) / f"checkpoint-{state.global_step}"
         futures, self._pending_saves = self._pending_saves, []
-        for f in futures:
-            f.set_result(path)
         self._set_status("running", only_from=("saving",))
-        self._refresh_catalog()
-        self._emit("saved", checkpoint=str(path))
-        self._publish()
+
+        def published(write: Future | None = None) -> None:
+            error = write.exception() if write is not None else None
+            for f in futures:
+                if error is not None:
+                    f.set_exception(error)
+                else:
+                    f.set_result(path)
+            if error is None:
+                self._refresh_catalog()
+                self._emit("saved", checkpoint=str(path))
+            self._publish()
+
+        pending = self.trainer.checkpoint_writer.pending
+        if self.trainer.args.save_async and pending is not None and not pending.done():
+            pending.add_done_callback(published)  # save_async: done once the files are published
+        else:
+            published()
 
     def _fail_pending(self) -> None:
         for f in [*self._pending_saves, *self._pending_evals]:
@@ -628,6 +641,7 @@ class Session:
         trainer = self.trainer
         with rng_preserved():
             path = save_checkpoint(trainer)
+            trainer.checkpoint_writer.wait()  # a paused save returns a published checkpoint
         trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
         return path
 

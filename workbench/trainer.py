@@ -185,6 +185,9 @@ class Trainer:
             self.stop_decision = StopRequest()
             self._rank_sync = RankSync(self)
         self._jit_callback = JITCheckpointCallback(self.stop_decision)
+        from .async_save import CheckpointWriter
+
+        self.checkpoint_writer = CheckpointWriter()  # save_async writes here, in the background
         defaults: list[Any] = [DefaultFlowCallback, self._jit_callback, *reporting_callbacks(self.args)]
         if not self.args.disable_tqdm:
             defaults.append(PrinterCallback)
@@ -578,6 +581,7 @@ class Trainer:
         if self.args.enable_jit_checkpoint and threading.current_thread() is threading.main_thread():
             restore = install_stop_handlers(self.stop_request, [signal.SIGTERM])
         self.neftune_hook_handle = None
+        failed = False
         if self.args.neftune_noise_alpha is not None:
             from .neftune import activate_neftune
 
@@ -590,6 +594,7 @@ class Trainer:
                 return find_executable_batch_size(inner, starting_batch_size=self._train_batch_size)()
             return inner(self._train_batch_size)
         except BaseException as exc:
+            failed = True
             try:
                 self.callback_handler.on_error(self.args, self.state, self.control, exc)
             except Exception as hook_exc:  # e.g. the event log cannot be written either
@@ -597,6 +602,12 @@ class Trainer:
                             type(hook_exc).__name__, hook_exc)
             raise
         finally:
+            try:
+                self.checkpoint_writer.wait()  # a save still being written is published before train() returns
+            except Exception as exc:  # noqa: BLE001 - the run's own error, if any, comes first
+                if not failed:
+                    raise
+                log.warning("a background checkpoint write failed too: %s", exc)
             if self.neftune_hook_handle is not None:
                 self.neftune_hook_handle.remove()
                 self.neftune_hook_handle = None
