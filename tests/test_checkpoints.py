@@ -805,3 +805,22 @@ def test_a_failed_background_save_is_raised_and_earlier_checkpoints_stay(tmp_pat
     store = CheckpointStore(tmp_path / "out")
     assert [c.name for c in store.list() if c.complete] == ["checkpoint-2"]
     assert not list((tmp_path / "out").glob(".tmp-*"))
+
+
+# ------------------------------------------------------------------ 13. optimizer group layouts
+
+
+def test_without_weight_decay_one_group_and_checkpoints_resume_across_layouts(tmp_path):
+    plain = run(tmp_path / "no-decay", max_steps=4, save_strategy="steps", save_steps=2, weight_decay=0.0)
+    assert len(plain.optimizer.param_groups) == 1  # one fused kernel launch per step, not two
+    # A checkpoint without decay resumes with decay (two groups) and back.
+    decayed = run(tmp_path / "no-decay", max_steps=6, resume=str(tmp_path / "no-decay" / "checkpoint-2"),
+                  weight_decay=0.1, save_strategy="steps", save_steps=2)
+    groups = decayed.optimizer.param_groups
+    assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
+    assert all(decayed.optimizer.state[p]["step"] == 6 for g in groups for p in g["params"])
+    assert len(decayed.lr_scheduler.base_lrs) == 2
+    back = run(tmp_path / "no-decay", max_steps=8, resume=str(tmp_path / "no-decay" / "checkpoint-6"),
+               weight_decay=0.0)
+    assert len(back.optimizer.param_groups) == 1 and back.state.global_step == 8
+    assert all(back.optimizer.state[p]["step"] == 8 for p in back.optimizer.param_groups[0]["params"])

@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 
-class Event(str, enum.Enum):
+class Event(enum.StrEnum):
     """Lifecycle events; each value is the name of the hook method it calls."""
 
     ON_INIT_END = "on_init_end"

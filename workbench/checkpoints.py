@@ -534,6 +534,17 @@ def _load_weights(trainer: "Trainer", checkpoint: Path) -> None:
     _check_fit(model, checkpoint, missing, unexpected)
 
 
+def _fit_groups(scheduler_state: dict[str, Any], groups: int) -> dict[str, Any]:
+    """A schedule saved for another number of parameter groups (see state_dicts.regroup),
+    with its per-group lists cut or repeated to ``groups`` entries."""
+    out = dict(scheduler_state)
+    for key in ("base_lrs", "_last_lr", "lr_lambdas"):
+        values = out.get(key)
+        if isinstance(values, list) and values and len(values) != groups:
+            out[key] = (values + [values[-1]] * groups)[:groups]
+    return out
+
+
 def load_training_state(trainer: "Trainer", checkpoint: Path) -> None:
     """Restore weights, optimizer, schedule, RNG, TrainerState (and callbacks) from ``checkpoint``."""
     from .callbacks import TrainerState
@@ -542,7 +553,8 @@ def load_training_state(trainer: "Trainer", checkpoint: Path) -> None:
     _load_weights(trainer, checkpoint)
     if (checkpoint / "optimizer.pt").is_file():
         load_optimizer_state(trainer, _load(checkpoint / "optimizer.pt"))
-        trainer.lr_scheduler.load_state_dict(_load(checkpoint / "scheduler.pt"))
+        trainer.lr_scheduler.load_state_dict(_fit_groups(_load(checkpoint / "scheduler.pt"),
+                                                         len(trainer.optimizer.param_groups)))
         if (checkpoint / "scaler.pt").is_file() and getattr(acc, "scaler", None) is not None:
             acc.scaler.load_state_dict(_load(checkpoint / "scaler.pt"))
     loaded = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))

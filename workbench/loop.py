@@ -107,6 +107,8 @@ class TrainingLoop:
         trainer.create_optimizer_and_scheduler(max_steps)
         model = self._wrap_model()
         self._clip_plain = not self._optimizer_needs_wrapper()
+        # No loss scaling or engine: training_step can call loss.backward() itself.
+        trainer._plain_backward = self._clip_plain
         self._params = [p for p in model.parameters() if p.requires_grad]
         trainer.callback_handler.optimizer = trainer.optimizer
         trainer.callback_handler.lr_scheduler = trainer.lr_scheduler
@@ -131,7 +133,9 @@ class TrainingLoop:
         if acc.is_main_process:
             store.clean_temporaries()
 
-        self.tr_loss = torch.zeros((), device=acc.device)
+        from .loss_window import LossWindow
+
+        self.window = LossWindow(acc.device, args.logging_nan_inf_filter)
         self.total_loss = 0.0
         self.last_logged = state.global_step
         self.grad_norm: torch.Tensor | None = None
@@ -224,11 +228,8 @@ class TrainingLoop:
                 sync = contextlib.nullcontext() if (i == last or not distributed) else acc.no_sync(model)
                 with sync:
                     loss = trainer.training_step(model, inputs, num_items)
-                if args.logging_nan_inf_filter:
-                    # Replace a non-finite loss by the running mean, on the device (no sync).
-                    steps = 1 + state.global_step - self.last_logged
-                    loss = torch.where(torch.isfinite(loss), loss, self.tr_loss / steps)
-                self.tr_loss += loss
+                # Remembered, not added: the window sums (and NaN-filters) at the logging point.
+                self.window.add(loss, state.global_step - self.last_logged)
                 step_in_epoch += 1
                 if i != last:
                     trainer.control = handler.on_substep_end(args, state, trainer.control)
@@ -265,13 +266,23 @@ class TrainingLoop:
                     trainer.model.train(was_training)
 
     def _count_items(self, micro: list[dict[str, Any]]) -> torch.Tensor | None:
-        """Targets across the accumulated batch (and across processes when averaging)."""
+        """Targets across the accumulated batch (and across processes when averaging).
+
+        With one micro-batch on one process (or no averaging across them) the count only
+        turns a mean into the same mean, so it is skipped, unless a compute_loss_func
+        asked to receive it.
+        """
         if not micro or not isinstance(micro[0], dict) or "labels" not in micro[0]:
             return None
+        averaging = self.args.average_tokens_across_devices and self.accelerator.num_processes > 1
+        if len(micro) == 1 and not averaging and self.trainer.compute_loss_func is None:
+            return None
         kind = self.trainer.model_kind
-        total = sum(losses.count_target_items(batch["labels"], kind) for batch in micro)
+        total = losses.count_target_items(micro[0]["labels"], kind)
+        for batch in micro[1:]:
+            total = total + losses.count_target_items(batch["labels"], kind)
         total = total.to(self.accelerator.device)
-        if self.args.average_tokens_across_devices and self.accelerator.num_processes > 1:
+        if averaging:
             total = self.accelerator.gather(total.reshape(1)).sum()
         return total
 
@@ -303,11 +314,11 @@ class TrainingLoop:
         trainer, args, acc = self.trainer, self.args, self.accelerator
         control, state = trainer.control, trainer.state
         if control.should_log and state.global_step > self.last_logged:
-            loss = self.tr_loss
+            loss = self.window.total()
             if acc.num_processes > 1:
                 loss = acc.gather(loss.reshape(1)).mean()
             loss_scalar = loss.item()  # host sync: logging point
-            self.tr_loss.zero_()
+            self.window.reset()
             logs: dict[str, float] = {"loss": loss_scalar / (state.global_step - self.last_logged)}
             if self.grad_norm is not None:
                 logs["grad_norm"] = float(self.grad_norm)
@@ -340,7 +351,7 @@ class TrainingLoop:
             trainer._rank_sync.finish()
         # Fold in loss not yet logged, so train_loss covers every step.
         steps_run = max(state.global_step - start_step, 1)
-        remaining = self.tr_loss.item() if state.global_step > self.last_logged else 0.0
+        remaining = self.window.total().item() if state.global_step > self.last_logged else 0.0
         self.total_loss += remaining
         self._sync_tokens()
         train_loss = self.total_loss / steps_run

@@ -52,12 +52,19 @@ def decay_parameter_names(model: nn.Module) -> set[str]:
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Two optimizer groups, with and without weight decay; frozen parameters left out."""
+    """Two optimizer groups, with and without weight decay; frozen parameters left out.
+
+    Without weight decay the two would be identical, so they are one group (a fused
+    optimizer then launches its kernels once per step, not twice). The parameter order is
+    the same either way, so saved optimizer states convert between the layouts.
+    """
     decay = decay_parameter_names(model)
     with_decay, without = [], []
     for name, param in model.named_parameters():
         if param.requires_grad:
             (with_decay if name in decay else without).append(param)
+    if weight_decay == 0:
+        return [{"params": with_decay + without, "weight_decay": 0.0}] if with_decay or without else []
     groups = [{"params": with_decay, "weight_decay": weight_decay},
               {"params": without, "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]

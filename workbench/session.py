@@ -540,6 +540,8 @@ class Session:
                 self._set_status("running")
 
     def _drain(self, control) -> None:
+        if self._commands.empty():  # the common case, without raising queue.Empty every step
+            return
         while True:
             try:
                 command = self._commands.get_nowait()

@@ -110,6 +110,7 @@ def _keyed_by_name(state: dict[str, Any]) -> bool:
 def load_optimizer_state(trainer: "Trainer", state: dict[str, Any]) -> None:
     """Load optimizer state saved by any run: index-keyed (torch) or name-keyed (FSDP)."""
     optimizer = _torch_optimizer(trainer.optimizer)
+    state = regroup(state, optimizer.param_groups)
     if not is_fsdp(trainer) and not _keyed_by_name(state):
         optimizer.load_state_dict(state)
         return
@@ -129,3 +130,26 @@ def _index_to_names(trainer: "Trainer", optimizer: torch.optim.Optimizer, state:
         "state": {order[i]: v for i, v in state["state"].items()},
         "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]],
     }
+
+
+def regroup(state: dict[str, Any], current: list[dict[str, Any]]) -> dict[str, Any]:
+    """Optimizer state re-cut into the ``current`` optimizer's groups (same parameter order).
+
+    Runs with and without weight decay group the same parameters as two groups or one
+    (optim.parameter_groups); a checkpoint of either layout resumes in the other. Each new
+    group keeps the hyperparameters of the saved group its first parameter came from,
+    except weight_decay, which the optimizer being loaded into decides.
+    """
+    groups = state.get("param_groups", [])
+    sizes = [len(g["params"]) for g in current]
+    if [len(g["params"]) for g in groups] == sizes or sum(len(g["params"]) for g in groups) != sum(sizes):
+        return state  # nothing to convert (or not convertible: torch reports the mismatch)
+    flat = [(p, g) for g in groups for p in g["params"]]
+    out, start = [], 0
+    for size, group in zip(sizes, current):
+        params = [p for p, _ in flat[start:start + size]]
+        source = flat[start][1] if size else groups[0]
+        out.append({**{k: v for k, v in source.items() if k != "params"},
+                    "weight_decay": group.get("weight_decay", source.get("weight_decay")), "params": params})
+        start += size
+    return {**state, "param_groups": out}

@@ -511,12 +511,16 @@ class Trainer:
         normalized = num_items_in_batch is not None and (
             self.compute_loss_func is not None or trainer_loss or self.model_accepts_loss_kwargs
         )
-        if not normalized:
+        if not normalized and self.current_gradient_accumulation_steps != 1:
             loss = loss / self.current_gradient_accumulation_steps
-        self.accelerator.backward(loss)
+        if self._plain_backward:
+            loss.backward()
+        else:  # loss scaling (fp16) and engines (DeepSpeed) go through Accelerate
+            self.accelerator.backward(loss)
         return loss.detach()
 
     current_gradient_accumulation_steps = 1
+    _plain_backward = False  # set by the loop once it knows there is no scaler or engine
 
     def prediction_step(self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool,
                         ignore_keys: list[str] | None = None):
