@@ -890,3 +890,36 @@ def test_torch_compile_trains_the_compiled_model_and_saves_plain_weights(tmp_pat
 
     saved = load_file(str(tmp_path / "checkpoint-10" / "model.safetensors"))
     assert not any(k.startswith("_orig_mod") for k in saved)  # the user's module, not the wrapper
+
+
+# ------------------------------------------------------------ the loss window (logging_nan_inf_filter)
+
+
+@pytest.mark.parametrize("n,fold", [(7, 1024), (50, 8)])
+def test_loss_window_matches_hf_sequential_nan_rule(monkeypatch, n, fold):
+    """The vectorized window equals HF's step-by-step rule: a non-finite loss adds
+    running_sum / (1 + steps so far in the window) instead of itself."""
+    from workbench import loss_window
+
+    monkeypatch.setattr(loss_window, "FOLD", fold)
+    gen = torch.Generator().manual_seed(n)
+    values = torch.rand(n, generator=gen, dtype=torch.float64) * 3
+    values[[1, 4, n - 1]] = float("nan")
+    values[2] = float("inf")
+    steps_before = [i // 2 for i in range(n)]  # two micro-batches per optimizer step
+    for use_filter in (True, False):
+        window = loss_window.LossWindow(torch.device("cpu"), use_filter)
+        expected = 0.0
+        for value, k in zip(values.tolist(), steps_before):
+            window.add(torch.tensor(value, dtype=torch.float32), k)
+            if use_filter and not math.isfinite(value):
+                expected += expected / (1 + k)
+            else:
+                expected += value
+        total = window.total().item()
+        if use_filter:
+            assert total == pytest.approx(expected, rel=1e-5)
+        else:
+            assert math.isnan(total)
+        window.reset()
+        assert window.total().item() == 0.0 and not window
