@@ -539,6 +539,7 @@ class FixedSession:
 
     def __init__(self, root: Path, status: str) -> None:
         self.status = status
+        self.stop_reason = None
         self.args = TrainingArguments(str(root), learning_rate=1e-3, max_steps=300, eval_strategy="steps",
                                       eval_steps=100, save_steps=100, metric_for_best_model="eval_loss",
                                       run_name="tiny-gpt", report_to="none")
@@ -742,9 +743,10 @@ def test_workbench_run_in_a_real_terminal(tmp_path):
 
         def trained(screen: str) -> bool:
             match = re.search(r"step (\d+)/5000", screen)
-            return "RUNNING" in screen and match is not None and int(match.group(1)) >= 30
+            return "RUNNING" in screen and match is not None and int(match.group(1)) >= 55
 
-        wait_screen(trained, "the dashboard training past step 30 (one log point)")
+        # Two log points (logging_steps 25): a line needs two; one point draws nothing.
+        wait_screen(trained, "the dashboard training past step 55 (two log points)")
         subprocess.run(["tmux", "send-keys", "-t", name, "space"], check=True)
         screen = wait_screen(lambda s: "PAUSED" in s, "the PAUSED badge")
         assert "loss" in screen and "eval" in screen
