@@ -53,7 +53,8 @@ def _rank_main(ns: argparse.Namespace) -> None:
     for workload in ("mlp", "lm"):
         steps = ns.steps if workload == "mlp" else max(ns.steps // 10, 20)
         for repeat in range(ns.repeats + 1):  # the first round warms up
-            for mode in ("exchange on", "exchange off"):
+            # The order alternates: the first run of a pair pays for the previous one's teardown.
+            for mode in (("exchange on", "exchange off") if repeat % 2 else ("exchange off", "exchange on")):
                 trainer = _trainer(workload, steps, ns.out)
                 if mode == "exchange off":
                     trainer._rank_sync = None

@@ -235,19 +235,14 @@ class CallbackHandler(TrainerCallback):
         if targets is None:
             targets = [getattr(cb, event) for cb in self.callbacks if _implements(cb, event)]
             self._dispatch[event] = targets
+        if not targets:
+            return control
+        # Built once per event, not once per callback: this runs several times a step.
+        kwargs = {"model": self.model, "processing_class": self.processing_class, "optimizer": self.optimizer,
+                  "lr_scheduler": self.lr_scheduler, "train_dataloader": self.train_dataloader,
+                  "eval_dataloader": self.eval_dataloader, **kwargs}
         for hook in targets:
-            result = hook(
-                args,
-                state,
-                control,
-                model=self.model,
-                processing_class=self.processing_class,
-                optimizer=self.optimizer,
-                lr_scheduler=self.lr_scheduler,
-                train_dataloader=self.train_dataloader,
-                eval_dataloader=self.eval_dataloader,
-                **kwargs,
-            )
+            result = hook(args, state, control, **kwargs)
             if result is not None:
                 control = result
         return control

@@ -5,11 +5,13 @@ can reach any rank. Acting on them locally would let the ranks drift apart (one 
 while another waits in an all-reduce), so a rank only *proposes*, and every rank acts on
 what all of them agreed:
 
-- an exchange is an all-reduce (MAX) of eight integers, started at a step end without
-  waiting for it: the stop request and its reason, rank 0's save / evaluate / pause
-  requests, an "edits follow" bit and the exchange interval. The next exchange point
-  collects the result (long finished by then: it ran beside the steps' compute) and
-  applies it, on every rank at the same step;
+- an exchange is an all-reduce (MAX) of eight integers: the stop request and its reason,
+  rank 0's save / evaluate / pause requests, an "edits follow" bit and the exchange
+  interval. It is started without waiting, right after a step's gradient all-reduce
+  (every rank is at the same point then, so it completes at once; started elsewhere, a
+  gloo thread busy-waits for the slower rank and takes CPU from the compute: 6-10% of
+  steps/s on 2 CPU ranks), and the next exchange point (a step end) collects and applies
+  it, on every rank at the same step;
 - exchange points come every ``every`` steps, an interval rank 0 derives from the step
   time (about 20 a second) and the ranks agree on like everything else; so on tiny steps
   the exchange costs a fraction of a percent, and a request waits at most ~0.1 s;
@@ -80,6 +82,7 @@ class RankSync:
         self.every = 1  # agreed: steps between exchange points
         self._since = 0
         self._since_point = 0
+        self._post_next = True  # the first exchange starts with the first step
         self._last_point: float | None = None  # rank 0's clock at the last exchange point
 
     # -- what rank 0 asks for --------------------------------------------------------------
@@ -191,6 +194,17 @@ class RankSync:
             self._apply(self._buffers[self._turn], control)
         if self.paused or self.trainer.stop_decision.is_set():
             return  # nothing in flight while paused or stopping: heartbeats take over
+        self._post_next = True
+
+    def after_backward(self) -> None:
+        """Start a pending exchange right after the gradients' all-reduce: every rank has just
+        left that sync point, so this one completes at once instead of keeping a gloo thread
+        busy-waiting beside the compute for a rank that is a little behind."""
+        import torch.distributed as dist
+
+        if not self._post_next:
+            return
+        self._post_next = False
         self._turn ^= 1
         flags = self._buffers[self._turn]
         self._fill(flags, pause=self.pause_wanted())
@@ -203,6 +217,7 @@ class RankSync:
             self._work = None
         self.paused = False
         self.every, self._since, self._since_point, self._last_point = 1, 0, 0, None
+        self._post_next = True
 
     def heartbeat(self, paused: bool, action: str = "") -> tuple[bool, list[str]]:
         """One blocking exchange while paused: (still paused, actions every rank runs now).

@@ -107,6 +107,8 @@ class TrainingLoop:
         trainer.create_optimizer_and_scheduler(max_steps)
         model = self._wrap_model()
         self._clip_plain = not self._optimizer_needs_wrapper()
+        averaging = args.average_tokens_across_devices and acc.num_processes > 1
+        self._mean_is_enough = not averaging and trainer.compute_loss_func is None  # see _count_items
         # No loss scaling or engine: training_step can call loss.backward() itself.
         trainer._plain_backward = self._clip_plain
         self._params = [p for p in model.parameters() if p.requires_grad]
@@ -272,11 +274,11 @@ class TrainingLoop:
         turns a mean into the same mean, so it is skipped, unless a compute_loss_func
         asked to receive it.
         """
+        if len(micro) == 1 and self._mean_is_enough:
+            return None
         if not micro or not isinstance(micro[0], dict) or "labels" not in micro[0]:
             return None
         averaging = self.args.average_tokens_across_devices and self.accelerator.num_processes > 1
-        if len(micro) == 1 and not averaging and self.trainer.compute_loss_func is None:
-            return None
         kind = self.trainer.model_kind
         total = losses.count_target_items(micro[0]["labels"], kind)
         for batch in micro[1:]:
@@ -296,6 +298,8 @@ class TrainingLoop:
     def _optimizer_step(self, model) -> None:
         trainer, args, acc = self.trainer, self.args, self.accelerator
         handler, state = trainer.callback_handler, trainer.state
+        if trainer._rank_sync is not None:  # the ranks have just synchronized their gradients
+            trainer._rank_sync.after_backward()
         if args.max_grad_norm > 0:
             if self._clip_plain:
                 self.grad_norm = torch.nn.utils.clip_grad_norm_(self._params, args.max_grad_norm)
@@ -304,7 +308,7 @@ class TrainingLoop:
         trainer.control = handler.on_pre_optimizer_step(args, state, trainer.control)
         trainer.optimizer.step()
         trainer.control = handler.on_optimizer_step(args, state, trainer.control)
-        if not acc.optimizer_step_was_skipped:
+        if self._clip_plain or not acc.optimizer_step_was_skipped:  # only a loss scaler skips steps
             trainer.lr_scheduler.step()
         trainer.optimizer.zero_grad(set_to_none=True)
         if args.torch_empty_cache_steps and (state.global_step + 1) % args.torch_empty_cache_steps == 0:
