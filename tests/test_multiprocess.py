@@ -3,8 +3,9 @@
 Each launch starts two Python processes (a few seconds), so the end-to-end tests are
 marked slow; CI runs them. What they pin down: 2 x B equals 1 x 2B, a 2-process
 checkpoint resumes bitwise on 2 processes and closely on 1, a SIGTERM to the launcher or
-to one rank gives one coordinated, verified checkpoint and exit 143, and rank 0's pause,
-live edit, save and evaluation take effect on both ranks at the same step.
+to one rank gives one coordinated, verified checkpoint and exit 143, rank 0's pause,
+live edit, save and evaluation take effect on both ranks at the same step, and the
+dashboard on rank 0 (a real terminal, tmux) steers both ranks.
 """
 
 from __future__ import annotations
@@ -399,3 +400,60 @@ def test_fsdp2_checkpoint_resumes_bitwise_on_fsdp_and_closely_on_one_process(tmp
     assert one.returncode == 0, one.stderr[-3000:]
     assert "saved by 2 process(es) and resumes on 1" in one.stderr
     assert _losses(tmp_path / "one" / "checkpoint-12")[0][-6:] == pytest.approx(train_full[-6:], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("shutil").which("tmux") is None, reason="needs tmux (.ci/run installs it)")
+def test_dashboard_on_rank_0_steers_both_ranks_in_a_real_terminal(tmp_path):
+    config = _write_config(tmp_path, "out", max_steps=100_000)
+    out = tmp_path / "out"
+    status = tmp_path / "exit-code"
+    name = f"wb-ranks-{tmp_path.name}"[:40]
+    command = (f"cd {tmp_path} && OMP_NUM_THREADS=1 PYTHONPATH={REPO} {sys.executable} -m workbench run {config} "
+               "--num-processes 2 --set training.logging_steps=20 --set training.eval_strategy=no "
+               f"--set training.save_steps=100000; echo $? > {status}")
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "110", "-y", "32", command], check=True)
+
+    def screen() -> str:
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
+
+    def wait_for(condition, what: str, timeout: float = 180.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            text = screen()
+            result = condition(text)
+            if result:
+                return result
+            if time.monotonic() > deadline or status.exists():
+                raise AssertionError(f"timed out waiting for {what}; the screen:\n{text}")
+            time.sleep(0.3)
+
+    import re
+
+    def step_of(text: str) -> int | None:
+        match = re.search(r"step (\d+)/100000", text)
+        return int(match.group(1)) if match else None
+
+    try:
+        wait_for(lambda s: "RUNNING" in s and (step_of(s) or 0) >= 100, "training past step 100")
+        subprocess.run(["tmux", "send-keys", "-t", name, "space"], check=True)
+        paused = wait_for(lambda s: "PAUSED" in s and s, "the PAUSED badge")
+        step = step_of(paused)
+        time.sleep(1.5)  # heartbeats keep rank 1 waiting with rank 0
+        assert step_of(screen()) == step, "the run moved while paused"
+        subprocess.run(["tmux", "send-keys", "-t", name, "s"], check=True)  # a save while paused: both ranks
+        store = CheckpointStore(out)
+        wait_for(lambda s: any(c.complete and c.step == step for c in store.list()), "the paused save")
+        assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in (out / f"checkpoint-{step}").iterdir()}
+        subprocess.run(["tmux", "send-keys", "-t", name, "q"], check=True)
+        wait_for(lambda s: "Stop and save" in s, "the quit dialog")
+        subprocess.run(["tmux", "send-keys", "-t", name, "Enter"], check=True)
+        deadline = time.monotonic() + 120
+        while not status.exists() and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert status.read_text().strip() == "0"
+        assert [c.step for c in store.list() if c.complete] == [step]  # stopped while paused: same step
+        events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+        assert [e["event"] for e in events].count("start") == 1  # only rank 0 writes the log
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
