@@ -378,8 +378,10 @@ def test_storm_of_1000_random_commands_from_4_threads(tmp_path, sessions):
                 if kind in ("save", "evaluate", "lr_scale", "logging_steps") and isinstance(result, Future):
                     with lock:
                         futures.append(result)
-            except RuntimeError:
-                pass  # "cannot save/edit: the session is finished" once the run has ended
+            except RuntimeError as exc:
+                if "the session is" not in str(exc):  # only "cannot save/edit: the session is finished"
+                    with lock:
+                        errors.append(exc)
             except BaseException as exc:  # noqa: BLE001 - reported below
                 with lock:
                     errors.append(exc)

@@ -289,6 +289,14 @@ class DataCollatorForLanguageModeling:
         return inputs, labels
 
 
+def _pad_inputs(collator: Any, features: list[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], dict[str, Any]]:
+    """(features with "label" renamed, the padded batch of everything but the labels), for the
+    collators that pad labels their own way."""
+    features = _rename_label(features)
+    return features, _pad_batch(features, collator.tokenizer, collator.padding, collator.max_length,
+                                collator.pad_to_multiple_of, skip=("labels",))
+
+
 @dataclass
 class DataCollatorForSeq2Seq:
     """Encoder-decoder batches: inputs padded as usual, ``labels`` padded with -100 to their own
@@ -306,9 +314,7 @@ class DataCollatorForSeq2Seq:
     def __call__(self, features: list[Mapping[str, Any]]) -> dict[str, Any]:
         if not features:
             return {}
-        features = _rename_label(features)
-        batch = _pad_batch(features, self.tokenizer, self.padding, self.max_length, self.pad_to_multiple_of,
-                           skip=("labels",))
+        features, batch = _pad_inputs(self, features)
         if "labels" in features[0] and features[0]["labels"] is not None:
             labels = [f["labels"] for f in features]
             if _is_sequence(labels[0]):
@@ -339,9 +345,7 @@ class DataCollatorForTokenClassification:
     def __call__(self, features: list[Mapping[str, Any]]) -> dict[str, Any]:
         if not features:
             return {}
-        features = _rename_label(features)
-        batch = _pad_batch(features, self.tokenizer, self.padding, self.max_length, self.pad_to_multiple_of,
-                           skip=("labels",))
+        features, batch = _pad_inputs(self, features)
         if "labels" in features[0]:
             length = batch["input_ids"].shape[1]
             side = getattr(self.tokenizer, "padding_side", "right") or "right"

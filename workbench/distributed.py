@@ -66,8 +66,8 @@ class RankSync:
         self.rank = dist.get_rank()
         self.is_main = self.rank == 0
         self.group = dist.new_group(backend="gloo")  # collective: every rank builds its Trainer
-        self._buffers = (torch.zeros(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64))
-        self._turn = 0
+        # One buffer is enough: an exchange in flight is always collected before the next is filled.
+        self._flags = torch.zeros(8, dtype=torch.int64)
         self._work: Any = None  # the all-reduce started at the last step end
         self._lock = threading.Lock()
         self._requests: set[str] = set()  # "save" / "evaluate" asked for on rank 0
@@ -181,9 +181,7 @@ class RankSync:
             state.live_edits.append(dict(record))
 
     def step_end(self, control) -> None:
-        """At exchange points: act on the last agreement, then start the next one."""
-        import torch.distributed as dist
-
+        """At exchange points: act on the last agreement, then ask for the next one."""
         self._since += 1
         if self._since < self.every:
             return
@@ -191,7 +189,7 @@ class RankSync:
         if self._work is not None:
             self._work.wait()
             self._work = None
-            self._apply(self._buffers[self._turn], control)
+            self._apply(self._flags, control)
         if self.paused or self.trainer.stop_decision.is_set():
             return  # nothing in flight while paused or stopping: heartbeats take over
         self._post_next = True
@@ -205,10 +203,8 @@ class RankSync:
         if not self._post_next:
             return
         self._post_next = False
-        self._turn ^= 1
-        flags = self._buffers[self._turn]
-        self._fill(flags, pause=self.pause_wanted())
-        self._work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        self._fill(self._flags, pause=self.pause_wanted())
+        self._work = dist.all_reduce(self._flags, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
 
     def finish(self) -> None:
         """Wait for an exchange still in flight when training ends (its requests lapse)."""
@@ -227,7 +223,7 @@ class RankSync:
         """
         import torch.distributed as dist
 
-        flags = self._buffers[self._turn]
+        flags = self._flags
         self._fill(flags, pause=paused, action=action, at_step=False)
         self._last_point = None  # time spent paused says nothing about step times
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)

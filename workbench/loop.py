@@ -107,8 +107,8 @@ class TrainingLoop:
         trainer.create_optimizer_and_scheduler(max_steps)
         model = self._wrap_model()
         self._clip_plain = not self._optimizer_needs_wrapper()
-        averaging = args.average_tokens_across_devices and acc.num_processes > 1
-        self._mean_is_enough = not averaging and trainer.compute_loss_func is None  # see _count_items
+        self._averaging = args.average_tokens_across_devices and acc.num_processes > 1
+        self._mean_is_enough = not self._averaging and trainer.compute_loss_func is None  # see _count_items
         # No loss scaling or engine: training_step can call loss.backward() itself.
         trainer._plain_backward = self._clip_plain
         self._params = [p for p in model.parameters() if p.requires_grad]
@@ -252,20 +252,9 @@ class TrainingLoop:
 
     def _paused_action(self, action: str) -> None:
         """Take part, on a rank other than 0, in a save or evaluation rank 0 runs while paused."""
-        from .checkpoints import save_checkpoint
-        from .session_state import rng_preserved
+        from .session_state import evaluate_between_steps, save_between_steps
 
-        trainer = self.trainer
-        with rng_preserved():
-            if action == "save":
-                save_checkpoint(trainer)
-                trainer.control = trainer.callback_handler.on_save(self.args, trainer.state, trainer.control)
-            elif action == "evaluate":
-                was_training = trainer.model.training
-                try:
-                    trainer.evaluate()
-                finally:
-                    trainer.model.train(was_training)
+        (save_between_steps if action == "save" else evaluate_between_steps)(self.trainer)
 
     def _count_items(self, micro: list[dict[str, Any]]) -> torch.Tensor | None:
         """Targets across the accumulated batch (and across processes when averaging).
@@ -278,13 +267,12 @@ class TrainingLoop:
             return None
         if not micro or not isinstance(micro[0], dict) or "labels" not in micro[0]:
             return None
-        averaging = self.args.average_tokens_across_devices and self.accelerator.num_processes > 1
         kind = self.trainer.model_kind
         total = losses.count_target_items(micro[0]["labels"], kind)
         for batch in micro[1:]:
             total = total + losses.count_target_items(batch["labels"], kind)
         total = total.to(self.accelerator.device)
-        if averaging:
+        if self._averaging:
             total = self.accelerator.gather(total.reshape(1)).sum()
         return total
 

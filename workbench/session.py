@@ -23,7 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 from .callbacks import TrainerCallback
 from .distributed import HEARTBEAT_S
-from .session_state import EDITABLE, SeriesStore, SessionEvent, Snapshot, apply_edit, rng_preserved
+from .session_state import (
+    EDITABLE,
+    SeriesStore,
+    SessionEvent,
+    Snapshot,
+    apply_edit,
+    evaluate_between_steps,
+    rng_preserved,
+    save_between_steps,
+)
 from .trainer_utils import unwrap_model
 
 if TYPE_CHECKING:
@@ -638,24 +647,10 @@ class Session:
     # -- caller-side actions while paused ------------------------------------------------------------
 
     def _save_now(self) -> Path:
-        from .checkpoints import save_checkpoint
-
-        trainer = self.trainer
-        with rng_preserved():
-            path = save_checkpoint(trainer)
-            trainer.checkpoint_writer.wait()  # a paused save returns a published checkpoint
-        trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
-        return path
+        return save_between_steps(self.trainer)
 
     def _evaluate_now(self) -> dict[str, float]:
-        trainer = self.trainer
-        model = trainer.model
-        was_training = model.training
-        with rng_preserved():
-            try:
-                return trainer.evaluate()
-            finally:
-                model.train(was_training)
+        return evaluate_between_steps(self.trainer)
 
     def _apply_edit_record(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Apply an edit the ranks agreed on; its live-edit record goes to the other ranks."""

@@ -255,3 +255,26 @@ def rng_preserved() -> Iterator[None]:
         torch.set_rng_state(cpu)
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
+
+
+def save_between_steps(trainer: "Trainer") -> Any:
+    """Save a checkpoint outside the loop (a paused run): RNG streams untouched, the files
+    published before this returns, on_save callbacks told. Returns the checkpoint path."""
+    from .checkpoints import save_checkpoint
+
+    with rng_preserved():
+        path = save_checkpoint(trainer)
+        trainer.checkpoint_writer.wait()
+    trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
+    return path
+
+
+def evaluate_between_steps(trainer: "Trainer") -> dict[str, float]:
+    """Evaluate outside the loop (a paused run), leaving the RNG streams and train mode as they were."""
+    model = trainer.model
+    was_training = model.training
+    with rng_preserved():
+        try:
+            return trainer.evaluate()
+        finally:
+            model.train(was_training)

@@ -9,7 +9,6 @@ DeepSpeed config dict or JSON path. Anything this build cannot honour is an
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 from .args import FSDP_SHARDING, ArgumentError, TrainingArguments
@@ -58,9 +57,7 @@ def _fsdp_plugin(args: TrainingArguments):
 
 
 def _deepspeed_plugin(args: TrainingArguments):
-    if importlib.util.find_spec("deepspeed") is None:
-        raise ArgumentError("deepspeed", "DeepSpeed is not installed (pip install deepspeed), or unset deepspeed")
-    from accelerate.utils import DeepSpeedPlugin
+    from accelerate.utils import DeepSpeedPlugin  # TrainingArguments checked that deepspeed is installed
 
     return DeepSpeedPlugin(hf_ds_config=args.deepspeed)
 
