@@ -7,6 +7,7 @@ training failed (traceback on stderr and in events.jsonl); 130 Ctrl-C; 143 SIGTE
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -14,7 +15,12 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .outdir_lock import OutputDirLock
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
@@ -83,7 +89,9 @@ def _finish_rank(code: int) -> int:
             # to it can abort at interpreter exit.
             dist.barrier()
             dist.destroy_process_group()
-    return report_exit_code(code, is_main=os.environ.get("RANK", "0") == "0")
+    from .world import is_main_process
+
+    return report_exit_code(code, is_main=is_main_process())
 
 
 def _strip_launch_options(argv: list[str]) -> list[str]:
@@ -95,7 +103,8 @@ def _strip_launch_options(argv: list[str]) -> list[str]:
         if arg in ("--num-processes", "--accelerate-config"):
             skip = True
             continue
-        if arg.startswith(("--num-processes=", "--accelerate-config=")):
+        # The parent has already cleared an --overwrite'd output_dir under its lock.
+        if arg.startswith(("--num-processes=", "--accelerate-config=")) or arg == "--overwrite":
             continue
         out.append(arg)
     return out
@@ -107,12 +116,16 @@ def _launch(ns: argparse.Namespace, argv: list[str]) -> int:
 
     if ns.num_processes < 1:
         raise UsageError(f"--num-processes: {ns.num_processes} is not a process count; pass 1 or more")
+    from .outdir_lock import OWNER_ENV
+
     run = _load_run_config(ns)
-    _prepare_output_dir(Path(run.training.output_dir), ns.resume, ns.overwrite)
-    try:
-        return launch_ranks(ns.num_processes, _strip_launch_options(argv), ns.accelerate_config)
-    except FileNotFoundError as exc:
-        raise UsageError(str(exc)) from None
+    # The parent holds the output_dir's lock for the whole run; rank 0 recognises it as its own.
+    with _owned_output_dir(run, ns):
+        try:
+            return launch_ranks(ns.num_processes, _strip_launch_options(argv), ns.accelerate_config,
+                                extra_env={OWNER_ENV: str(os.getpid())})
+        except FileNotFoundError as exc:
+            raise UsageError(str(exc)) from None
 
 
 def _init(ns: argparse.Namespace) -> int:
@@ -160,33 +173,122 @@ def _checkpoints(ns: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _prepare_output_dir(output_dir: Path, resume: object, overwrite: bool) -> object:
-    """Refuse to clobber saved work; returns what to pass as resume_from_checkpoint.
+def _plan_output_dir(output_dir: Path, resume: object, overwrite: bool) -> tuple[object, bool]:
+    """What to resume from, and whether old checkpoints are to be cleared; changes nothing.
 
-    Under several ranks only rank 0 deletes and speaks.
+    Refuses to clobber saved work, and checks an explicit ``--resume PATH`` before anything is
+    created. Under several ranks only rank 0 speaks.
     """
     from .checkpoints import CheckpointStore
+    from .world import is_main_process
 
+    if resume is not None and resume is not True:
+        _check_resume_path(Path(str(resume)))
+        return str(resume), False
     store = CheckpointStore(output_dir)
-    complete = [c for c in store.list() if c.complete]
     if resume is True:
         if store.latest_verified() is None:
-            if os.environ.get("RANK", "0") == "0":
+            if is_main_process():
                 print(f"workbench: no complete checkpoint in {output_dir}; starting fresh", file=sys.stderr)
-            return None
-        return True
-    if resume is not None:
-        return str(resume)
+            return None, False
+        return True, False
+    complete = [c for c in store.list() if c.complete]
     if complete and not overwrite:
         raise UsageError(
             f"{output_dir} already holds checkpoints ({', '.join(c.name for c in complete[-3:])}); "
             "use --resume to continue or --overwrite to start over"
         )
-    if complete and overwrite and os.environ.get("RANK", "0") == "0":
-        for info in store.list():
-            shutil.rmtree(info.path, ignore_errors=True)
-        (output_dir / "events.jsonl").unlink(missing_ok=True)
-    return None
+    return None, bool(complete and overwrite)
+
+
+def _check_resume_path(path: Path) -> None:
+    """``--resume PATH`` must name a complete checkpoint folder (sizes checked, nothing hashed:
+    the Trainer verifies the hashes when it loads)."""
+    from .checkpoints import CheckpointStore
+
+    hint = "pass a checkpoint folder (see 'workbench checkpoints OUTPUT_DIR'), or --resume alone for the newest"
+    if not path.exists():
+        raise UsageError(f"--resume: {path} does not exist; {hint}")
+    if not path.is_dir():
+        raise UsageError(f"--resume: {path} is a file, not a checkpoint folder; {hint}")
+    if not (path / "trainer_state.json").is_file():
+        rows = CheckpointStore(path).list()
+        if rows:
+            raise UsageError(f"--resume: {path} is an output_dir, not a checkpoint; pass one of its checkpoints "
+                             f"(newest: {rows[-1].path}) or use --resume alone with that output_dir")
+        raise UsageError(f"--resume: {path} is not a checkpoint (it has no trainer_state.json); {hint}")
+    ok, why = CheckpointStore(path.parent).verify(path, hashes=False)
+    if not ok:
+        raise UsageError(f"--resume: {path} cannot be used: {why}; {hint}")
+
+
+def _claim_output_dir(output_dir: Path) -> "OutputDirLock | None":
+    """Create the output_dir, check it is writable, and (rank 0) take its lock."""
+    from .outdir_lock import OutputDirBusy, OutputDirLock
+    from .world import is_main_process
+
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        probe = output_dir / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"training.output_dir: cannot write to {output_dir} ({exc.strerror}); choose a writable folder")
+    if not is_main_process():
+        return None
+    lock = OutputDirLock(output_dir, reentrant=True)
+    try:
+        took_over = lock.acquire()
+    except OutputDirBusy as exc:
+        raise UsageError(str(exc)) from None
+    if took_over:
+        print(f"workbench: {took_over}", file=sys.stderr)
+    return lock
+
+
+@contextlib.contextmanager
+def _owned_output_dir(run, ns: argparse.Namespace) -> Iterator[object]:
+    """Check the output_dir and ``--resume`` (nothing created on a refusal), then hold the
+    folder's lock while the block runs; yields what to pass as resume_from_checkpoint."""
+    output_dir = Path(run.training.output_dir)
+    resume, clear = _plan_output_dir(output_dir, ns.resume, ns.overwrite)
+    lock = _claim_output_dir(output_dir)
+    try:
+        if clear:
+            _clear_checkpoints(output_dir)
+        yield resume
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _clear_checkpoints(output_dir: Path) -> None:
+    """--overwrite: delete the old checkpoints and event log (rank 0, under the lock)."""
+    from .checkpoints import CheckpointStore
+    from .world import is_main_process
+
+    if not is_main_process():
+        return
+    for info in CheckpointStore(output_dir).list():
+        shutil.rmtree(info.path, ignore_errors=True)
+    (output_dir / "events.jsonl").unlink(missing_ok=True)
+
+
+def _join_world(run) -> None:
+    """Make the run's distributed state now, before anything else asks for it (world.py)."""
+    from .world import WorldSizeMismatch, distributed_state, launched_world_size
+
+    try:
+        distributed_state(run.training)
+    except WorldSizeMismatch as exc:
+        raise UsageError(str(exc)) from None
+    except (ValueError, RuntimeError) as exc:
+        world = launched_world_size()
+        if world is None or world[0] <= 1:
+            raise
+        raise UsageError(f"{world[1]}={world[0]} says this is one of {world[0]} processes, but the process group "
+                         f"could not start ({str(exc).splitlines()[0]}); start the processes with "
+                         "'workbench run --num-processes N', 'accelerate launch' or 'torchrun'") from None
 
 
 def _load_run_config(ns: argparse.Namespace):
@@ -203,19 +305,17 @@ def _load_run_config(ns: argparse.Namespace):
 
 
 def _run(ns: argparse.Namespace) -> int:
+    run = _load_run_config(ns)
+    _join_world(run)
+    with _owned_output_dir(run, ns) as resume:
+        return _train(ns, run, resume)
+
+
+def _train(ns: argparse.Namespace, run, resume: object) -> int:
     from .config import write_resolved_config
 
     config_path = Path(ns.config)
-    run = _load_run_config(ns)
     output_dir = Path(run.training.output_dir)
-    resume = _prepare_output_dir(output_dir, ns.resume, ns.overwrite)
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise UsageError(f"training.output_dir: cannot write to {output_dir} ({exc.strerror}); choose a writable folder")
     from .build import build_trainer
     from .signals import install_stop_handlers
 

@@ -324,13 +324,18 @@ def tokenize_dataset(dataset: Any, tokenizer: Any, *, text_column: str, max_leng
 # -- the whole [data] table ------------------------------------------------------------------
 
 
-def _main_process_first() -> contextlib.AbstractContextManager:
-    """Under ``accelerate launch`` rank 0 tokenizes and writes the cache first; the others read it."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return contextlib.nullcontext()
-    from accelerate import PartialState
+def _main_process_first(args: Any) -> contextlib.AbstractContextManager:
+    """Under a launcher rank 0 tokenizes and writes the cache first; the others read it.
 
-    return PartialState().main_process_first()
+    The distributed state is the run's own (world.py), made here with the Trainer's
+    arguments when data loading is the first to need it.
+    """
+    from .world import distributed_state, launched_world_size
+
+    world = launched_world_size()
+    if world is None or world[0] <= 1:
+        return contextlib.nullcontext()
+    return distributed_state(args).main_process_first()
 
 
 def load_run_data(run: Any, *, progress: bool = True) -> RunData:
@@ -357,7 +362,7 @@ def load_run_data(run: Any, *, progress: bool = True) -> RunData:
             cache_dir=cache_dir, desc=f"Tokenizing {label}", progress=progress,
         )
 
-    with _main_process_first():
+    with _main_process_first(training):
         train = prepare(data.train, "data.train", "train", wants_lengths) if data.train else None
         evaluation = None
         if data.eval:

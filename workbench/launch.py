@@ -82,7 +82,8 @@ def _worker_pids(launcher_pid: int) -> list[int]:
     return pids
 
 
-def launch_ranks(num_processes: int, worker_args: list[str], config_file: str | None = None) -> int:
+def launch_ranks(num_processes: int, worker_args: list[str], config_file: str | None = None,
+                 extra_env: dict[str, str] | None = None) -> int:
     """Run the ranks and return the run's exit code (rank 0's, as DESIGN.md defines them)."""
     from .cli import EXIT_FAILED, EXIT_INTERRUPTED
 
@@ -90,6 +91,7 @@ def launch_ranks(num_processes: int, worker_args: list[str], config_file: str | 
     with tempfile.TemporaryDirectory(prefix="workbench-launch-") as tmp:
         exit_file = Path(tmp) / "exit-code"
         env[EXIT_FILE_ENV] = str(exit_file)
+        env.update(extra_env or {})
         proc = subprocess.Popen(command, env=env, start_new_session=True)
         received: list[int] = []
 

@@ -42,6 +42,7 @@ from .samplers import (
     LengthGroupedSampler,
     dataset_lengths,
 )
+from .outdir_lock import hold_output_dir
 from .signals import JITCheckpointCallback, StopRequest, install_stop_handlers
 from .trainer_utils import PredictionOutput, TrainOutput, has_length, set_seed, unwrap_model
 
@@ -56,7 +57,11 @@ def _make_accelerator(args: TrainingArguments):
     from accelerate.state import AcceleratorState
     from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs
 
-    # Accelerate keeps a process-wide state; a new Trainer may want another precision.
+    from .world import distributed_state, wants_cpu
+
+    # The distributed state first, made once with these arguments (world.py says why); then
+    # a fresh AcceleratorState, as a new Trainer may want another precision.
+    distributed_state(args)
     AcceleratorState._reset_state()
     config = dict(args.accelerator_config or {})
     dataloader_config = DataLoaderConfiguration(
@@ -86,7 +91,7 @@ def _make_accelerator(args: TrainingArguments):
         handlers.append(InitProcessGroupKwargs(**group))
     return Accelerator(
         mixed_precision=precision,
-        cpu=args.use_cpu,
+        cpu=wants_cpu(args),
         dataloader_config=dataloader_config,
         step_scheduler_with_optimizer=False,
         kwargs_handlers=handlers or None,
@@ -596,11 +601,13 @@ class Trainer:
             # Training only: the hook checks module.training, and is removed when train() ends.
             self.neftune_hook_handle = activate_neftune(self.model, self.args.neftune_noise_alpha)
         try:
-            if self.args.auto_find_batch_size:
-                from accelerate.utils import find_executable_batch_size
+            # One writer per output_dir: rank 0 holds its lock while training (outdir_lock.py).
+            with hold_output_dir(self.args.output_dir) if self.is_world_process_zero() else contextlib.nullcontext():
+                if self.args.auto_find_batch_size:
+                    from accelerate.utils import find_executable_batch_size
 
-                return find_executable_batch_size(inner, starting_batch_size=self._train_batch_size)()
-            return inner(self._train_batch_size)
+                    return find_executable_batch_size(inner, starting_batch_size=self._train_batch_size)()
+                return inner(self._train_batch_size)
         except BaseException as exc:
             failed = True
             try:

@@ -1,0 +1,176 @@
+"""One writer per output_dir: rank 0 of a run holds ``output_dir/.lock``.
+
+The lock is an ``flock`` on the file, so the kernel releases it when its process dies,
+however it dies; the file's text (pid, host, start time) names the holder for the error a
+second run prints. A lock file whose ``flock`` is free but whose text names another
+process was left by a killed run: it is taken over, and the takeover is logged.
+
+``workbench run --num-processes N`` takes the lock in the parent and hands it to its
+ranks through ``WORKBENCH_LOCK_OWNER`` (rank 0 sees its own launcher as the holder).
+Within one process the CLI's lock is re-entrant for the one Trainer it runs; any other
+Trainer training into the same folder at the same time is refused like another process.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["LOCK_NAME", "OWNER_ENV", "OutputDirBusy", "OutputDirLock", "hold_output_dir"]
+
+log = logging.getLogger("workbench")
+
+LOCK_NAME = ".lock"
+OWNER_ENV = "WORKBENCH_LOCK_OWNER"
+
+_HELD: dict[str, "OutputDirLock"] = {}  # re-entrant locks of this process, by folder
+
+
+class OutputDirBusy(RuntimeError):
+    """Another live run writes to this output_dir (one line naming it)."""
+
+
+def _holder_text(holder: dict) -> str:
+    started = holder.get("started")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else "?"
+    return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, started {when}"
+
+
+def _read(fd: int) -> dict:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        raw = os.read(fd, 65536)
+        data = json.loads(raw.decode("utf-8")) if raw.strip() else {}
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _pid_alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class OutputDirLock:
+    """The lock on one output_dir; :meth:`acquire` raises :class:`OutputDirBusy` when taken."""
+
+    def __init__(self, output_dir: str | os.PathLike, reentrant: bool = False) -> None:
+        self.root = Path(output_dir)
+        self.path = self.root / LOCK_NAME
+        self.reentrant = reentrant
+        self.inherited = False  # held by this rank's launcher, not by this process
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None or self.inherited
+
+    def acquire(self) -> str | None:
+        """Take the lock (the folder must exist). Returns the takeover message when a stale lock
+        was replaced, else None."""
+        import fcntl
+
+        for _ in range(10):  # retried only when a holder removed the file as we opened it
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read(fd)
+                os.close(fd)
+                owner = os.environ.get(OWNER_ENV)
+                if owner and str(holder.get("pid")) == owner and holder.get("host") == socket.gethostname():
+                    self.inherited = True
+                    self._register()
+                    return None
+                raise OutputDirBusy(
+                    f"{self.root} is in use by another run ({_holder_text(holder)}); wait for it to finish, stop it, "
+                    "or choose another output_dir") from None
+            except OSError as exc:
+                if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                    os.close(fd)
+                    raise
+                return self._acquire_without_flock(fd)
+            try:
+                if os.fstat(fd).st_ino != os.stat(self.path).st_ino:
+                    os.close(fd)
+                    continue
+            except FileNotFoundError:
+                os.close(fd)
+                continue
+            return self._claim(fd)
+        raise OutputDirBusy(f"{self.path}: could not take the lock (it keeps changing); try again")
+
+    def _acquire_without_flock(self, fd: int) -> str | None:
+        # A filesystem without locks: the pid decides, where it can be checked (same host).
+        holder = _read(fd)
+        if holder and holder.get("host") == socket.gethostname() and _pid_alive(holder.get("pid")) \
+                and holder.get("pid") != os.getpid():
+            os.close(fd)
+            raise OutputDirBusy(f"{self.root} is in use by another run ({_holder_text(holder)}); wait for it to "
+                                "finish, stop it, or choose another output_dir")
+        return self._claim(fd)
+
+    def _claim(self, fd: int) -> str | None:
+        previous = _read(fd)
+        message = None
+        if previous.get("pid") is not None:
+            message = (f"{self.root}: took over a stale lock ({_holder_text(previous)}); "
+                       "that run is gone and did not release it")
+            log.warning("%s", message)
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
+                  "argv": sys.argv[:8]}
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, (json.dumps(record) + "\n").encode("utf-8"))
+        os.fsync(fd)
+        self._fd = fd
+        self._register()
+        return message
+
+    def _register(self) -> None:
+        if self.reentrant:
+            _HELD[str(self.root.resolve())] = self
+
+    def release(self) -> None:
+        """Remove the lock file and unlock (the file goes first, so no one locks a dead inode)."""
+        if _HELD.get(str(self.root.resolve())) is self:
+            del _HELD[str(self.root.resolve())]
+        self.inherited = False
+        if self._fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+
+@contextmanager
+def hold_output_dir(output_dir: str | os.PathLike) -> Iterator[None]:
+    """Hold the output_dir's lock for a block, unless this process already holds it re-entrantly."""
+    root = Path(output_dir)
+    if str(root.resolve()) in _HELD:
+        yield
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    lock = OutputDirLock(root)
+    lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
