@@ -49,7 +49,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from workbench import Session, Trainer, TrainerCallback, TrainingArguments
-from workbench.data import builtin_tokenizer, load_builtin_data
+from workbench.data.builtin import builtin_tokenizer, load_builtin_data
 from workbench.models import MLPClassifier, TinyGPT
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -27,10 +27,10 @@ import torch
 from torch.utils.data import Dataset
 
 from workbench import Trainer, TrainingArguments
-from workbench.collators import DataCollatorForLanguageModeling
-from workbench.data import CharTokenizer
+from workbench.data.collators import DataCollatorForLanguageModeling
+from workbench.data.builtin import CharTokenizer
 from workbench.models import TinyGPT
-from workbench.samplers import BatchRebalanceSampler, padded_cost
+from workbench.data.samplers import BatchRebalanceSampler, padded_cost
 
 STRATEGIES = ("random", "group_by_length", "batch_rebalance")
 BATCH, ACCUMULATION, MAX_LEN = 8, 4, 256

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _trainer(workload: str, steps: int, out: str):
     from workbench import Trainer, TrainingArguments
-    from workbench.data import load_builtin_data
+    from workbench.data.builtin import load_builtin_data
     from workbench.models import MLPClassifier, TinyGPT
 
     import torch
@@ -79,7 +79,7 @@ def main() -> int:
     if "WORLD_SIZE" in os.environ:
         _rank_main(ns)
         return 0
-    from workbench.launch import launcher_command
+    from workbench.distributed.launch import launcher_command
 
     Path(ns.out).mkdir(parents=True, exist_ok=True)
     command, env = launcher_command(2, [__file__, "--steps", str(ns.steps), "--repeats", str(ns.repeats),

@@ -20,7 +20,7 @@ import torch
 from _timing import print_table, round_robin, watch_session
 
 from workbench import Session, Trainer, TrainingArguments
-from workbench.data import load_builtin_data
+from workbench.data.builtin import load_builtin_data
 from workbench.models import MLPClassifier
 
 

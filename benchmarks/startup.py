@@ -54,7 +54,7 @@ PLAIN = r'''
 import sys, time
 import torch
 from torch.utils.data import DataLoader
-from workbench.data import load_builtin_data
+from workbench.data.builtin import load_builtin_data
 from workbench.models import TinyGPT
 
 steps = int(sys.argv[1])

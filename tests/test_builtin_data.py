@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from workbench.data import (
+from workbench.data.builtin import (
     BUILTIN_DATA,
     CharTokenizer,
     TokenBlockDataset,
@@ -84,7 +84,7 @@ def test_python_source_text_only_top_level_modules():
 
 
 def test_data_module_does_not_import_datasets():
-    code = "import sys, workbench.data; print('datasets' in sys.modules)"
+    code = "import sys, workbench.data.builtin; print('datasets' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 

@@ -26,11 +26,11 @@ import torch
 from safetensors.torch import load_file
 
 from workbench import Trainer, TrainerCallback, TrainingArguments
-from workbench import checkpoints as ckpt
-from workbench.callbacks import EarlyStoppingCallback
-from workbench.checkpoints import CheckpointStore, save_checkpoint, save_model_files
+import workbench.checkpoint.store as ckpt
+from workbench.train.callbacks import EarlyStoppingCallback
+from workbench.checkpoint.store import CheckpointStore, save_checkpoint, save_model_files
 from workbench.cli import main as cli_main
-from workbench.data import TensorDictDataset
+from workbench.data.builtin import TensorDictDataset
 from workbench.models import TinyGPT
 
 VOCAB = 40

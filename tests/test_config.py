@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from workbench._toml_lines import find_lines, line_of
-from workbench.args import TrainingArguments
-from workbench.config import (
+from workbench.config.toml_lines import find_lines, line_of
+from workbench.train.args import TrainingArguments
+from workbench.config.loader import (
     ConfigError,
     config_from_dict,
     dump_config,
@@ -308,10 +308,10 @@ def test_a_second_config_gets_its_own_hooks_module(tmp_path):
 
 
 def test_installed_modules_resolve_from_the_working_directory_and_are_recorded_as_is(tmp_path):
-    p = write(tmp_path, HEAD + '[hooks]\ndata_collator = "workbench.config:parse_override"\n')
+    p = write(tmp_path, HEAD + '[hooks]\ndata_collator = "workbench.config.loader:parse_override"\n')
     config = load_config(p)
     assert config.hooks["data_collator"] is parse_override
-    assert config.raw["hooks"]["data_collator"] == "workbench.config:parse_override"
+    assert config.raw["hooks"]["data_collator"] == "workbench.config.loader:parse_override"
 
 
 def test_file_path_references_keep_their_package(tmp_path):
@@ -596,7 +596,7 @@ def test_training_arguments_subclass_fields(tmp_path):
 
 
 def test_config_module_imports_no_front_end_or_heavy_library():
-    code = ("import sys, workbench.config\n"
+    code = ("import sys, workbench.config.loader\n"
             "bad = [m for m in ('transformers', 'textual', 'ipywidgets', 'plotext', 'datasets') if m in sys.modules]\n"
             "assert not bad, bad\n")
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))

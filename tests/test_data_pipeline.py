@@ -25,19 +25,19 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from workbench import Trainer, TrainerCallback, TrainingArguments
-from workbench.args import ArgumentError
-from workbench.collators import (
+from workbench.train.args import ArgumentError
+from workbench.data.collators import (
     DataCollatorForLanguageModeling,
     DataCollatorForSeq2Seq,
     DataCollatorForTokenClassification,
     DataCollatorWithPadding,
     default_data_collator,
 )
-from workbench.config import ConfigError, load_config
-from workbench.data import CharTokenizer
-from workbench.datasets_io import load_split, load_tokenizer, rename_columns, tokenize_dataset
+from workbench.config.loader import ConfigError, load_config
+from workbench.data.builtin import CharTokenizer
+from workbench.data.datasets_io import load_split, load_tokenizer, rename_columns, tokenize_dataset
 from workbench.models import TinyGPT
-from workbench.samplers import (
+from workbench.data.samplers import (
     BatchRebalanceSampler,
     LengthGroupedSampler,
     dataset_lengths,
@@ -276,7 +276,7 @@ def test_config_data_pipeline_end_to_end(tmp_path, caplog):
         report_to = "none"
         disable_tqdm = true
         """))
-    from workbench.build import build_trainer
+    from workbench.config.build import build_trainer
 
     run = load_config(cfg)
     assert run.data.columns == {"body": "text"} and run.data.max_length == 32 and not run.data.packing
@@ -669,7 +669,7 @@ def test_dataloader_options_reach_the_loader(tmp_path):
 
 
 def test_neftune_noise_is_bounded_training_only_and_removable():
-    from workbench.neftune import activate_neftune
+    from workbench.train.neftune import activate_neftune
 
     model = gpt(n_embd=32)
     ids = torch.randint(2, VOCAB, (3, 20))
@@ -779,8 +779,8 @@ import json, random, sys
 import torch
 from torch.utils.data import Dataset
 from workbench import Trainer, TrainingArguments
-from workbench.collators import DataCollatorForLanguageModeling
-from workbench.data import CharTokenizer
+from workbench.data.collators import DataCollatorForLanguageModeling
+from workbench.data.builtin import CharTokenizer
 from workbench.models import TinyGPT
 
 out = sys.argv[1]

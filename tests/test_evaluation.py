@@ -22,8 +22,8 @@ from torch import nn
 
 from workbench import EvalPrediction, Trainer, TrainerCallback, TrainingArguments
 from workbench import metrics as wb_metrics
-from workbench.args import ArgumentError
-from workbench.evaluation import concat_batches, pad_and_concat
+from workbench.train.args import ArgumentError
+from workbench.train.evaluation import concat_batches, pad_and_concat
 
 SEQ = 16
 

@@ -34,8 +34,8 @@ import tomli_w
 import torch
 from safetensors.torch import load_file
 
-from workbench.checkpoints import SENTINEL, CheckpointStore
-from workbench.tracking import read_events
+from workbench.checkpoint.store import SENTINEL, CheckpointStore
+from workbench.train.tracking import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -31,9 +31,9 @@ from workbench import (
     TrainingArguments,
 )
 from workbench import metrics as wb_metrics
-from workbench.data import load_builtin_data
+from workbench.data.builtin import load_builtin_data
 from workbench.models import MLPClassifier
-from workbench.tracking import read_events
+from workbench.train.tracking import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -829,11 +829,11 @@ def test_tiny_gpt_demo_end_to_end(tmp_path):
 # -- 12. import hygiene ------------------------------------------------------------------------------
 
 
-CORE_MODULES = ["workbench", "workbench.args", "workbench.callbacks", "workbench.trainer", "workbench.loop",
-                "workbench.evaluation", "workbench.checkpoints", "workbench.config", "workbench.build",
-                "workbench.cli", "workbench.data", "workbench.losses", "workbench.optim", "workbench.tracking",
-                "workbench.metrics", "workbench.models", "workbench.collators", "workbench.samplers",
-                "workbench.trainer_utils"]
+CORE_MODULES = ["workbench", "workbench.train.args", "workbench.train.callbacks", "workbench.train.trainer", "workbench.train.loop",
+                "workbench.train.evaluation", "workbench.checkpoint.store", "workbench.config.loader", "workbench.config.build",
+                "workbench.cli", "workbench.data.builtin", "workbench.train.losses", "workbench.train.optim", "workbench.train.tracking",
+                "workbench.metrics", "workbench.models", "workbench.data.collators", "workbench.data.samplers",
+                "workbench.train.trainer_utils"]
 FRONT_ENDS = ("textual", "ipywidgets", "bqplot", "plotly", "plotext", "transformers")
 
 # One probe interpreter imports the heavy third-party libraries once (after checking they pull

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.checkpoints import CheckpointStore
+from workbench.checkpoint.store import CheckpointStore
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -123,7 +123,7 @@ def _losses(checkpoint: Path) -> tuple[list[float], list[float]]:
 
 
 def test_cpu_ranks_are_chosen_where_there_is_no_accelerator(monkeypatch):
-    from workbench import world
+    from workbench.distributed import world
 
     for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_ID", "ACCELERATE_USE_CPU"):
         monkeypatch.delenv(name, raising=False)
@@ -169,7 +169,7 @@ def test_resume_path_that_is_not_a_checkpoint_is_refused_before_any_work(tmp_pat
 
 HOLDER = """\
 import sys, time
-from workbench.outdir_lock import OutputDirLock
+from workbench.checkpoint.lock import OutputDirLock
 lock = OutputDirLock(sys.argv[1])
 lock.acquire()
 print("held", flush=True)
@@ -179,7 +179,7 @@ time.sleep(120)
 
 def test_one_writer_per_output_dir_and_a_killed_holder_is_taken_over(tmp_path, capsys, caplog):
     from workbench.cli import main
-    from workbench.outdir_lock import OutputDirBusy, OutputDirLock
+    from workbench.checkpoint.lock import OutputDirBusy, OutputDirLock
 
     config = _project(tmp_path)
     out = tmp_path / "out"
@@ -214,7 +214,7 @@ def test_a_trainer_in_the_same_process_cannot_train_into_a_held_folder(tmp_path)
     import torch
 
     from workbench import Trainer, TrainingArguments
-    from workbench.outdir_lock import OutputDirBusy, OutputDirLock
+    from workbench.checkpoint.lock import OutputDirBusy, OutputDirLock
 
     out = tmp_path / "held"
     out.mkdir()

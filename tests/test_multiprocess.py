@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from workbench.checkpoints import CheckpointStore
-from workbench.launch import launcher_command
+from workbench.checkpoint.store import CheckpointStore
+from workbench.distributed.launch import launcher_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -232,9 +232,9 @@ _SESSION_SCRIPT = r'''
 import json, sys, time
 from pathlib import Path
 from workbench import TrainerCallback
-from workbench.build import build_trainer
-from workbench.config import load_config
-from workbench.session import Session
+from workbench.config.build import build_trainer
+from workbench.config.loader import load_config
+from workbench.session.local import Session
 
 out = Path(sys.argv[1])
 run = load_config(sys.argv[2], ["training.max_steps=300", "training.eval_strategy=no", "training.save_strategy=no"])
@@ -327,9 +327,9 @@ def test_pause_edit_save_and_evaluate_from_rank0_apply_on_both_ranks(tmp_path):
 _FORCED_FSDP = r'''
 import os, sys
 from pathlib import Path
-import workbench.loop as loop
-import workbench.trainer as trainer_module
-from workbench.sharding import _fsdp_plugin
+import workbench.train.loop as loop
+import workbench.train.trainer as trainer_module
+from workbench.distributed.sharding import _fsdp_plugin
 
 make_accelerator = trainer_module._make_accelerator
 
@@ -359,7 +359,7 @@ sys.exit(main(sys.argv[1:]))
 
 def test_fsdp_is_refused_where_accelerate_would_not_shard(tmp_path):
     from workbench import Trainer, TrainingArguments
-    from workbench.args import ArgumentError
+    from workbench.train.args import ArgumentError
     from workbench.models import MLPClassifier
 
     args = TrainingArguments(str(tmp_path), fsdp="full_shard auto_wrap", fsdp_config={"fsdp_version": 2}, use_cpu=True)

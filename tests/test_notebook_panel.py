@@ -24,7 +24,7 @@ pytest.importorskip("bqplot")
 import ipywidgets  # noqa: E402
 
 from workbench import Session, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
-from workbench.data import load_builtin_data  # noqa: E402
+from workbench.data.builtin import load_builtin_data  # noqa: E402
 from workbench.models import MLPClassifier  # noqa: E402
 from workbench.widgets.notebook import Panel  # noqa: E402
 from workbench.widgets.notebook.panel import MIN_INTERVAL  # noqa: E402

@@ -33,12 +33,12 @@ import torch
 from torch.utils.data import Subset
 
 from workbench import Session, Trainer, TrainerCallback, TrainingArguments
-from workbench.checkpoints import CheckpointStore
-from workbench.data import CharTokenizer, load_builtin_data
-from workbench.memory import memory_report
+from workbench.checkpoint.store import CheckpointStore
+from workbench.data.builtin import CharTokenizer, load_builtin_data
+from workbench.train.memory import memory_report
 from workbench.models import MLPClassifier, TinyGPT
-from workbench.session_state import SeriesStore, Snapshot
-from workbench.tracking import read_events
+from workbench.session.state import SeriesStore, Snapshot
+from workbench.train.tracking import read_events
 
 TOK = CharTokenizer()
 TIMEOUT = 120  # seconds: generous, a deadline only (CPU is shared with other work)
@@ -827,7 +827,7 @@ TRACKIO_SCRIPT = textwrap.dedent("""
     import torch
     torch.set_num_threads(1)
     from workbench import Session, Trainer, TrainingArguments
-    from workbench.data import load_builtin_data
+    from workbench.data.builtin import load_builtin_data
     from workbench.models import MLPClassifier
 
     out = sys.argv[1]
@@ -1022,8 +1022,8 @@ class OOMAtStep(torch.nn.Module):
 
 def test_out_of_memory_writes_a_memory_report_before_the_error(tmp_path):
     from workbench import Trainer, TrainingArguments
-    from workbench.data import load_builtin_data
-    from workbench.tracking import read_events
+    from workbench.data.builtin import load_builtin_data
+    from workbench.train.tracking import read_events
 
     train, _ = load_builtin_data("random-classification", n_train=64)
     model = OOMAtStep()

@@ -20,8 +20,8 @@ from torch import nn
 from torch.utils.data import IterableDataset
 
 from workbench import Trainer, TrainerCallback, TrainingArguments
-from workbench.args import ArgumentError
-from workbench.data import TensorDictDataset, load_builtin_data
+from workbench.train.args import ArgumentError
+from workbench.data.builtin import TensorDictDataset, load_builtin_data
 from workbench.models import MLPClassifier, TinyGPT
 
 VOCAB = 40
@@ -874,7 +874,7 @@ def test_training_arguments_to_dict_and_json():
 @pytest.mark.slow
 def test_torch_compile_trains_the_compiled_model_and_saves_plain_weights(tmp_path):
     # Compiling on the CPU builds C++ kernels with the system compiler: about a minute here.
-    from workbench.data import load_builtin_data
+    from workbench.data.builtin import load_builtin_data
     from workbench.models import MLPClassifier
 
     train, evals = load_builtin_data("random-classification", n_train=256)
@@ -899,7 +899,7 @@ def test_torch_compile_trains_the_compiled_model_and_saves_plain_weights(tmp_pat
 def test_loss_window_matches_hf_sequential_nan_rule(monkeypatch, n, fold):
     """The vectorized window equals HF's step-by-step rule: a non-finite loss adds
     running_sum / (1 + steps so far in the window) instead of itself."""
-    from workbench import loss_window
+    from workbench.train import loss_window
 
     monkeypatch.setattr(loss_window, "FOLD", fold)
     gen = torch.Generator().manual_seed(n)

@@ -26,11 +26,11 @@ import pytest
 import torch
 
 from workbench import Session, Trainer, TrainerCallback, TrainingArguments
-from workbench.checkpoints import CheckpointStore
-from workbench.data import builtin_tokenizer, load_builtin_data
-from workbench.memory import MemoryReport
+from workbench.checkpoint.store import CheckpointStore
+from workbench.data.builtin import builtin_tokenizer, load_builtin_data
+from workbench.train.memory import MemoryReport
 from workbench.models import TinyGPT
-from workbench.session_state import SessionEvent, Snapshot
+from workbench.session.state import SessionEvent, Snapshot
 from workbench.widgets.tui import DashboardApp
 from workbench.widgets.tui.checkpoints import CheckpointsScreen
 from workbench.widgets.tui.dialogs import ConfirmDialog, QuitDialog
@@ -705,7 +705,7 @@ def test_parse_edits_and_overrides():
 
 
 def test_core_modules_do_not_import_textual():
-    code = ("import sys, workbench.session, workbench.cli, workbench.session_state, workbench.widgets.view; "
+    code = ("import sys, workbench.session.local, workbench.cli, workbench.session.state, workbench.widgets.view; "
             "bad = [m for m in ('textual', 'textual_plotext', 'plotext') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -241,7 +241,7 @@ class MemoryRow:
 
 
 def memory_rows(report: Any) -> list[MemoryRow]:
-    """Bars for a ``workbench.memory.MemoryReport``.
+    """Bars for a ``workbench.train.memory.MemoryReport``.
 
     The model's own tensors (parameters, gradients, optimizer state) are drawn against
     their sum, so their proportions show; device and host use are drawn against their

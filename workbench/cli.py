@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .outdir_lock import OutputDirLock
+    from workbench.checkpoint.lock import OutputDirLock
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _finish_rank(code: int) -> int:
     """Under ``--num-processes`` rank 0 reports the code to the parent (see launch.py)."""
-    from .launch import report_exit_code
+    from workbench.distributed.launch import report_exit_code
 
     if "torch.distributed" in sys.modules:
         import torch.distributed as dist
@@ -89,7 +89,7 @@ def _finish_rank(code: int) -> int:
             # to it can abort at interpreter exit.
             dist.barrier()
             dist.destroy_process_group()
-    from .world import is_main_process
+    from workbench.distributed.world import is_main_process
 
     return report_exit_code(code, is_main=is_main_process())
 
@@ -112,11 +112,11 @@ def _strip_launch_options(argv: list[str]) -> list[str]:
 
 def _launch(ns: argparse.Namespace, argv: list[str]) -> int:
     """Check the config here (errors stay one line), then start the ranks through Accelerate."""
-    from .launch import launch_ranks
+    from workbench.distributed.launch import launch_ranks
 
     if ns.num_processes < 1:
         raise UsageError(f"--num-processes: {ns.num_processes} is not a process count; pass 1 or more")
-    from .outdir_lock import OWNER_ENV
+    from workbench.checkpoint.lock import OWNER_ENV
 
     run = _load_run_config(ns)
     # The parent holds the output_dir's lock for the whole run; rank 0 recognises it as its own.
@@ -129,7 +129,7 @@ def _launch(ns: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _init(ns: argparse.Namespace) -> int:
-    from .config import starter_config_text
+    from workbench.config.loader import starter_config_text
 
     path = Path(ns.path)
     if path.exists() and not ns.force:
@@ -149,7 +149,7 @@ def _human_size(n: int) -> str:
 
 
 def _checkpoints(ns: argparse.Namespace) -> int:
-    from .checkpoints import CheckpointStore
+    from workbench.checkpoint.store import CheckpointStore
 
     root = Path(ns.output_dir)
     if not root.is_dir():
@@ -179,8 +179,8 @@ def _plan_output_dir(output_dir: Path, resume: object, overwrite: bool) -> tuple
     Refuses to clobber saved work, and checks an explicit ``--resume PATH`` before anything is
     created. Under several ranks only rank 0 speaks.
     """
-    from .checkpoints import CheckpointStore
-    from .world import is_main_process
+    from workbench.checkpoint.store import CheckpointStore
+    from workbench.distributed.world import is_main_process
 
     if resume is not None and resume is not True:
         _check_resume_path(Path(str(resume)))
@@ -204,7 +204,7 @@ def _plan_output_dir(output_dir: Path, resume: object, overwrite: bool) -> tuple
 def _check_resume_path(path: Path) -> None:
     """``--resume PATH`` must name a complete checkpoint folder (sizes checked, nothing hashed:
     the Trainer verifies the hashes when it loads)."""
-    from .checkpoints import CheckpointStore
+    from workbench.checkpoint.store import CheckpointStore
 
     hint = "pass a checkpoint folder (see 'workbench checkpoints OUTPUT_DIR'), or --resume alone for the newest"
     if not path.exists():
@@ -224,8 +224,8 @@ def _check_resume_path(path: Path) -> None:
 
 def _claim_output_dir(output_dir: Path) -> "OutputDirLock | None":
     """Create the output_dir, check it is writable, and (rank 0) take its lock."""
-    from .outdir_lock import OutputDirBusy, OutputDirLock
-    from .world import is_main_process
+    from workbench.checkpoint.lock import OutputDirBusy, OutputDirLock
+    from workbench.distributed.world import is_main_process
 
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -264,8 +264,8 @@ def _owned_output_dir(run, ns: argparse.Namespace) -> Iterator[object]:
 
 def _clear_checkpoints(output_dir: Path) -> None:
     """--overwrite: delete the old checkpoints and event log (rank 0, under the lock)."""
-    from .checkpoints import CheckpointStore
-    from .world import is_main_process
+    from workbench.checkpoint.store import CheckpointStore
+    from workbench.distributed.world import is_main_process
 
     if not is_main_process():
         return
@@ -276,7 +276,7 @@ def _clear_checkpoints(output_dir: Path) -> None:
 
 def _join_world(run) -> None:
     """Make the run's distributed state now, before anything else asks for it (world.py)."""
-    from .world import WorldSizeMismatch, distributed_state, launched_world_size
+    from workbench.distributed.world import WorldSizeMismatch, distributed_state, launched_world_size
 
     try:
         distributed_state(run.training)
@@ -293,7 +293,7 @@ def _join_world(run) -> None:
 
 def _load_run_config(ns: argparse.Namespace):
     """The run's config with the command line's overrides; problems become one-line usage errors."""
-    from .config import ConfigError, load_config
+    from workbench.config.loader import ConfigError, load_config
 
     config_path = Path(ns.config)
     if not config_path.is_file():
@@ -312,12 +312,12 @@ def _run(ns: argparse.Namespace) -> int:
 
 
 def _train(ns: argparse.Namespace, run, resume: object) -> int:
-    from .config import write_resolved_config
+    from workbench.config.loader import write_resolved_config
 
     config_path = Path(ns.config)
     output_dir = Path(run.training.output_dir)
-    from .build import build_trainer
-    from .signals import install_stop_handlers
+    from workbench.config.build import build_trainer
+    from workbench.distributed.signals import install_stop_handlers
 
     try:
         trainer = build_trainer(run)
@@ -373,9 +373,9 @@ def _run_dashboard(trainer, resume: object, output_dir: Path) -> int:
     """
     from workbench.widgets.tui import OUTCOMES, run_dashboard
 
-    from .session import Session
+    from workbench.session.local import Session
 
-    from .callbacks import PrinterCallback
+    from workbench.train.callbacks import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # the dashboard shows progress; prints would tear it
     session = Session(trainer, resume_from_checkpoint=resume)

@@ -40,7 +40,7 @@ from .tables import (
 )
 
 if TYPE_CHECKING:
-    from workbench.session import Session
+    from workbench.session.local import Session
 
 __all__ = ["Panel", "MIN_INTERVAL"]
 

@@ -168,7 +168,7 @@ class CheckpointsScreen(Screen):
         def confirmed(yes: bool | None) -> None:
             if not yes:
                 return
-            from workbench.checkpoints import CheckpointStore
+            from workbench.checkpoint.store import CheckpointStore
 
             try:
                 CheckpointStore(self.app.session.args.output_dir).delete(info.name)

@@ -16,7 +16,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from workbench.session_state import EDITABLE
+from workbench.train.edits import EDITABLE
 from workbench.widgets.view import fmt_lr
 
 __all__ = ["EditForm", "BranchForm", "parse_edits", "parse_overrides"]
@@ -143,7 +143,7 @@ class EditForm(_Form):
 
 def parse_overrides(text: str) -> dict[str, Any]:
     """``"warmup_steps=10, lr_scheduler_type=linear"`` -> a dict (values read as TOML, as ``--set``)."""
-    from workbench.config import parse_override
+    from workbench.config.loader import parse_override
 
     overrides: dict[str, Any] = {}
     for part in (p.strip() for p in text.replace("\n", ",").split(",")):
@@ -188,7 +188,7 @@ class BranchForm(_Form):
 
     def submit(self) -> None:
         """Check the overrides against TrainingArguments' own validation before anything stops."""
-        from workbench.checkpoints import CheckpointStore
+        from workbench.checkpoint.store import CheckpointStore
 
         value = lambda key: self.query_one(f"#branch-{key}", Input).value.strip()  # noqa: E731
         output_dir = value("output_dir")

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from workbench.train.trainer import Trainer
 
 __all__ = ["RankSync", "HEARTBEAT_S"]
 
@@ -171,7 +171,7 @@ class RankSync:
             self.every = int(flags[_EVERY])
 
     def _apply_records(self, records: list[dict[str, Any]]) -> None:
-        from .session_state import apply_edit
+        from workbench.train.edits import apply_edit
 
         state = self.trainer.state
         for record in records:

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from .callbacks import TrainerCallback
+from workbench.train.callbacks import TrainerCallback
 
 __all__ = ["StopRequest", "JITCheckpointCallback", "install_stop_handlers"]
 

@@ -85,7 +85,7 @@ def _worker_pids(launcher_pid: int) -> list[int]:
 def launch_ranks(num_processes: int, worker_args: list[str], config_file: str | None = None,
                  extra_env: dict[str, str] | None = None) -> int:
     """Run the ranks and return the run's exit code (rank 0's, as DESIGN.md defines them)."""
-    from .cli import EXIT_FAILED, EXIT_INTERRUPTED
+    from workbench.cli import EXIT_FAILED, EXIT_INTERRUPTED
 
     command, env = launcher_command(num_processes, ["-m", "workbench", *worker_args], config_file)
     with tempfile.TemporaryDirectory(prefix="workbench-launch-") as tmp:
@@ -148,6 +148,6 @@ def report_exit_code(code: int, is_main: bool) -> int:
         tmp = Path(f"{path}.{os.getpid()}.{time.time_ns()}")
         tmp.write_text(f"{code}\n")
         os.replace(tmp, path)
-    from .cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
+    from workbench.cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
 
     return EXIT_OK if code in (EXIT_OK, EXIT_INTERRUPTED, EXIT_TERMINATED) else code

@@ -10,7 +10,7 @@
 * :class:`RemoveColumnsCollator`: drop what the model's forward does not take (said once).
 
 Padding needs only ``pad_token_id`` (and optionally ``padding_side``) from the tokenizer, so
-the built-in :class:`~workbench.data.CharTokenizer` and any transformers tokenizer work alike;
+the built-in :class:`~workbench.data.builtin.CharTokenizer` and any transformers tokenizer work alike;
 transformers is never imported here.
 """
 

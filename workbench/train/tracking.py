@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .callbacks import TrainerCallback
+from workbench.train.callbacks import TrainerCallback
 
 __all__ = ["EventLog", "EventLogCallback", "TrackioCallback", "TensorBoardCallback", "reporting_callbacks",
            "read_events", "available_sinks", "SINKS"]
@@ -112,7 +112,7 @@ class EventLogCallback(TrainerCallback):
         if out and error is not None and not isinstance(error, KeyboardInterrupt):
             if _is_out_of_memory(error):
                 # What filled the memory, recorded while the tensors still exist.
-                from .memory import memory_report
+                from workbench.train.memory import memory_report
 
                 out.write("oom", state.global_step, **memory_report(model, optimizer).to_dict())
             out.write("error", state.global_step, error=f"{type(error).__name__}: {error}",

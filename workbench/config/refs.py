@@ -20,7 +20,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from workbench._toml_lines import kind_of
+from workbench.config.toml_lines import kind_of
 
 __all__ = ["RefError", "resolve_ref"]
 

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import losses
-from .trainer_utils import TrainOutput, has_length, speed_metrics, unwrap_model
+import workbench.train.losses as losses
+from workbench.train.trainer_utils import TrainOutput, has_length, speed_metrics, unwrap_model
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from workbench.train.trainer import Trainer
 
 __all__ = ["TrainingLoop"]
 
@@ -61,7 +61,7 @@ class TrainingLoop:
                     "use a model that supports it or unset activation_checkpointing"
                 )
             enable(gradient_checkpointing_kwargs=args.activation_checkpointing_kwargs)
-        from .state_dicts import is_fsdp
+        from workbench.checkpoint.state_dicts import is_fsdp
 
         if is_fsdp(trainer):
             # FSDP replaces the parameters by shards: the optimizer must be prepared with the
@@ -94,8 +94,8 @@ class TrainingLoop:
 
     def run(self, resume_from_checkpoint: str | bool | None, ignore_keys_for_eval: list[str] | None) -> TrainOutput:
         trainer, args, acc = self.trainer, self.args, self.accelerator
-        from .checkpoints import CheckpointStore, load_training_state
-        from .session_state import replay_edits
+        from workbench.checkpoint.store import CheckpointStore, load_training_state
+        from workbench.train.edits import replay_edits
 
         store = CheckpointStore(args.output_dir)
         if acc.is_main_process:
@@ -135,7 +135,7 @@ class TrainingLoop:
         if acc.is_main_process:
             store.clean_temporaries()
 
-        from .loss_window import LossWindow
+        from workbench.train.loss_window import LossWindow
 
         self.window = LossWindow(acc.device, args.logging_nan_inf_filter)
         self.total_loss = 0.0
@@ -252,7 +252,7 @@ class TrainingLoop:
 
     def _paused_action(self, action: str) -> None:
         """Take part, on a rank other than 0, in a save or evaluation rank 0 runs while paused."""
-        from .session_state import evaluate_between_steps, save_between_steps
+        from workbench.train.edits import evaluate_between_steps, save_between_steps
 
         (save_between_steps if action == "save" else evaluate_between_steps)(self.trainer)
 
@@ -322,7 +322,7 @@ class TrainingLoop:
         if trainer.control.should_evaluate:
             trainer._evaluate_during_training(ignore_keys)
         if trainer.control.should_save:
-            from .checkpoints import save_checkpoint
+            from workbench.checkpoint.store import save_checkpoint
 
             save_checkpoint(trainer)
             trainer.control = trainer.callback_handler.on_save(args, state, trainer.control)
@@ -356,7 +356,7 @@ class TrainingLoop:
         metrics.update(trainer._memory_stage("train", start=False))
         trainer.checkpoint_writer.wait()  # background saves are published before the run reports done
         if args.load_best_model_at_end and state.best_model_checkpoint is not None:
-            from .checkpoints import load_best_model
+            from workbench.checkpoint.store import load_best_model
 
             load_best_model(trainer)
         trainer.log(dict(metrics))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from .config import RunConfig
+from workbench.config.loader import RunConfig
 
 __all__ = ["build_model", "build_datasets", "build_trainer"]
 
@@ -19,10 +19,10 @@ def _builtin_tokenizer(run: RunConfig) -> Any:
     if run.data.builtin is None:
         if run.data.tokenizer is None and run.data.text_column is None:
             return None
-        from .datasets_io import run_tokenizer
+        from workbench.data.datasets_io import run_tokenizer
 
         return run_tokenizer(run)
-    from .data import builtin_tokenizer
+    from workbench.data.builtin import builtin_tokenizer
 
     return builtin_tokenizer(run.data.builtin)
 
@@ -32,7 +32,7 @@ def build_model(run: RunConfig) -> Any:
     spec = run.model
     options = dict(spec.options)
     if spec.builtin is not None:
-        from .models import BUILTIN_MODELS, build_builtin_model
+        from workbench.models import BUILTIN_MODELS, build_builtin_model
 
         params = inspect.signature(BUILTIN_MODELS[spec.builtin]).parameters
         tokenizer = _builtin_tokenizer(run)
@@ -65,13 +65,13 @@ def _load_pretrained(path: str, options: dict[str, Any]) -> Any:
 
 def build_datasets(run: RunConfig, *, progress: bool = True) -> tuple[Any, Any]:
     """(train, eval) datasets: a builtin set, or ``[data]`` loaded and prepared by
-    :func:`workbench.datasets_io.load_run_data` (``progress``: datasets' progress bars)."""
+    :func:`workbench.data.datasets_io.load_run_data` (``progress``: datasets' progress bars)."""
     data = run.data
     if data.builtin is not None:
-        from .data import load_builtin_data
+        from workbench.data.builtin import load_builtin_data
 
         return load_builtin_data(data.builtin, **data.options)
-    from .datasets_io import load_run_data
+    from workbench.data.datasets_io import load_run_data
 
     loaded = load_run_data(run, progress=progress)
     return loaded.train, loaded.eval
@@ -82,7 +82,8 @@ def _default_collator(run: RunConfig, model: Any, tokenizer: Any) -> Any:
     hand); None leaves the Trainer's default (padding, from the processing class)."""
     if run.data.text_column is None or tokenizer is None or model is None:
         return None
-    from . import collators, losses
+    import workbench.data.collators as collators
+    import workbench.train.losses as losses
 
     kind = losses.model_kind(model)
     if kind == "ForCausalLM":
@@ -102,8 +103,8 @@ def build_trainer(run: RunConfig, callbacks: list[Any] | None = None, *, progres
 
     ``progress`` shows datasets' progress bars while loading and tokenizing (headless CLI).
     """
-    from .trainer import Trainer
-    from .trainer_utils import set_seed
+    from workbench.train.trainer import Trainer
+    from workbench.train.trainer_utils import set_seed
 
     set_seed(run.training.seed)  # model init is part of what the seed reproduces
     hooks = dict(run.hooks)

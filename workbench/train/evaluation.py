@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, has_length, speed_metrics, unwrap_model
+from workbench.train.trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, has_length, speed_metrics, unwrap_model
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from workbench.train.trainer import Trainer
 
 __all__ = ["evaluate", "predict", "evaluation_loop", "concat_batches", "pad_and_concat", "nested_to_cpu"]
 

@@ -467,7 +467,7 @@ class TrainingArguments:
         if "none" in sinks:
             sinks = []
         elif "all" in sinks:
-            from .tracking import available_sinks
+            from workbench.train.tracking import available_sinks
 
             sinks = available_sinks()
         self.report_to = sinks

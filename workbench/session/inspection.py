@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .trainer_utils import unwrap_model
+from workbench.train.trainer_utils import unwrap_model
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from workbench.train.trainer import Trainer
 
 __all__ = ["inspect_model", "sample_text"]
 

@@ -203,7 +203,7 @@ def load_tokenizer(name: str) -> Any:
     out, so the id does not matter), so batches of different lengths can be padded.
     """
     if name == "char":
-        from .data import CharTokenizer
+        from workbench.data.builtin import CharTokenizer
 
         return CharTokenizer()
     try:
@@ -234,7 +234,7 @@ def run_tokenizer(run: Any) -> Any:
 
 def _tokenizer_identity(tokenizer: Any) -> str:
     """A string that changes when the tokenizer would encode differently (for cache names)."""
-    from .data import CharTokenizer
+    from workbench.data.builtin import CharTokenizer
 
     if isinstance(tokenizer, CharTokenizer):
         return f"char:{tokenizer.vocab_size}"
@@ -249,7 +249,7 @@ def _tokenizer_identity(tokenizer: Any) -> str:
 
 
 def _encode(tokenizer: Any, texts: list[str], max_length: int | None) -> dict[str, list]:
-    from .data import CharTokenizer
+    from workbench.data.builtin import CharTokenizer
 
     texts = ["" if t is None else str(t) for t in texts]
     if isinstance(tokenizer, CharTokenizer):
@@ -330,7 +330,7 @@ def _main_process_first(args: Any) -> contextlib.AbstractContextManager:
     The distributed state is the run's own (world.py), made here with the Trainer's
     arguments when data loading is the first to need it.
     """
-    from .world import distributed_state, launched_world_size
+    from workbench.distributed.world import distributed_state, launched_world_size
 
     world = launched_world_size()
     if world is None or world[0] <= 1:

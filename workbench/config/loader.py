@@ -31,9 +31,9 @@ from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from workbench._refs import RefError, resolve_ref
-from workbench._toml_lines import decode_error, describe_type, find_lines, kind_of, line_of, toml_repr, tomlable
-from workbench.args import ArgumentError, TrainingArguments
+from workbench.config.refs import RefError, resolve_ref
+from workbench.config.toml_lines import decode_error, describe_type, find_lines, kind_of, line_of, toml_repr, tomlable
+from workbench.train.args import ArgumentError, TrainingArguments
 
 __all__ = [
     "ConfigError", "DataSpec", "ModelSpec", "RunConfig", "config_from_dict", "dump_config",
@@ -100,7 +100,7 @@ class DataSpec:
     paths made absolute; ``eval`` is one table or ``{name: table}`` for several eval sets.
     ``columns`` renames columns ``{old: new}``; ``text_column`` is tokenized with
     ``tokenizer`` ("char" or an absolute tokenizer folder; None: the default, see
-    workbench.datasets_io.run_tokenizer), truncated to ``max_length`` tokens, or with
+    workbench.data.datasets_io.run_tokenizer), truncated to ``max_length`` tokens, or with
     ``packing`` cut into ``max_length``-token blocks.
     """
 
@@ -467,10 +467,10 @@ class _Loader:
                 if other in table:
                     raise self.error(("data", other), "cannot be combined with builtin (builtin data "
                                      "sets bring their own train and eval splits)")
-            registry = _optional_registry("workbench.data", "BUILTIN_DATA")
+            registry = _optional_registry("workbench.data.builtin", "BUILTIN_DATA")
             if registry is not None:
                 self.builtin_name(("data", "builtin"), builtin, registry, "data set")
-                common = _optional_registry("workbench.data", "load_builtin_data")
+                common = _optional_registry("workbench.data.builtin", "load_builtin_data")
                 self.options(("data", "options"), options, registry[builtin], common)
         raw = copy.deepcopy(table)
         if train is not None:
@@ -611,7 +611,7 @@ class _Loader:
     # -- references ----------------------------------------------------------------------
 
     def resolve(self, key: Key, ref: str, *, need_callable: bool) -> tuple[Any, str]:
-        """:func:`workbench._refs.resolve_ref` against the config's folder, errors located at ``key``."""
+        """:func:`workbench.config.refs.resolve_ref` against the config's folder, errors located at ``key``."""
         try:
             return resolve_ref(ref, self.base_dir, need_callable=need_callable)
         except RefError as exc:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from .args import OptimizerNames, TrainingArguments
+from workbench.train.args import OptimizerNames, TrainingArguments
 
 __all__ = [
     "decay_parameter_names",

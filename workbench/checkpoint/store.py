@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .state_dicts import (
+from workbench.checkpoint.state_dicts import (
     capture_model_state,
     capture_optimizer_state,
     host_copy,
@@ -34,10 +34,10 @@ from .state_dicts import (
     load_optimizer_state,
     unique_state,
 )
-from .trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_model
+from workbench.train.trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_model
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from workbench.train.trainer import Trainer
 
 log = logging.getLogger("workbench")
 
@@ -548,7 +548,7 @@ def _fit_groups(scheduler_state: dict[str, Any], groups: int) -> dict[str, Any]:
 
 def load_training_state(trainer: "Trainer", checkpoint: Path) -> None:
     """Restore weights, optimizer, schedule, RNG, TrainerState (and callbacks) from ``checkpoint``."""
-    from .callbacks import TrainerState
+    from workbench.train.callbacks import TrainerState
 
     acc = trainer.accelerator
     _load_weights(trainer, checkpoint)

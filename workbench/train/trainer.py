@@ -23,9 +23,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from . import losses
-from .args import TrainingArguments
-from .callbacks import (
+import workbench.train.losses as losses
+from workbench.train.args import TrainingArguments
+from workbench.train.callbacks import (
     CallbackHandler,
     DefaultFlowCallback,
     PrinterCallback,
@@ -33,18 +33,18 @@ from .callbacks import (
     TrainerControl,
     TrainerState,
 )
-from .collators import RemoveColumnsCollator, default_collator_for, signature_columns
-from .optim import decay_parameter_names, get_optimizer_cls_and_kwargs, get_scheduler, parameter_groups
-from .samplers import (
+from workbench.data.collators import RemoveColumnsCollator, default_collator_for, signature_columns
+from workbench.train.optim import decay_parameter_names, get_optimizer_cls_and_kwargs, get_scheduler, parameter_groups
+from workbench.data.samplers import (
     BatchRebalanceSampler,
     EpochRandomSampler,
     EpochSequentialSampler,
     LengthGroupedSampler,
     dataset_lengths,
 )
-from .outdir_lock import hold_output_dir
-from .signals import JITCheckpointCallback, StopRequest, install_stop_handlers
-from .trainer_utils import PredictionOutput, TrainOutput, has_length, set_seed, unwrap_model
+from workbench.checkpoint.lock import hold_output_dir
+from workbench.distributed.signals import JITCheckpointCallback, StopRequest, install_stop_handlers
+from workbench.train.trainer_utils import PredictionOutput, TrainOutput, has_length, set_seed, unwrap_model
 
 log = logging.getLogger("workbench")
 
@@ -57,7 +57,7 @@ def _make_accelerator(args: TrainingArguments):
     from accelerate.state import AcceleratorState
     from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs
 
-    from .world import distributed_state, wants_cpu
+    from workbench.distributed.world import distributed_state, wants_cpu
 
     # The distributed state first, made once with these arguments (world.py says why); then
     # a fresh AcceleratorState, as a new Trainer may want another precision.
@@ -81,7 +81,7 @@ def _make_accelerator(args: TrainingArguments):
 
     from accelerate.utils import InitProcessGroupKwargs
 
-    from .sharding import accelerator_plugins
+    from workbench.distributed.sharding import accelerator_plugins
 
     handlers: list[Any] = [DistributedDataParallelKwargs(**ddp)] if ddp else []
     if args.ddp_backend is not None or args.ddp_timeout != 1800:
@@ -101,8 +101,8 @@ def _make_accelerator(args: TrainingArguments):
 
 def _check_sharding(trainer: "Trainer") -> None:
     """Accelerate quietly falls back to DDP where it cannot shard; say so instead."""
-    from .args import ArgumentError
-    from .state_dicts import is_fsdp
+    from workbench.train.args import ArgumentError
+    from workbench.checkpoint.state_dicts import is_fsdp
 
     if trainer.args.fsdp and not is_fsdp(trainer):
         kind = trainer.accelerator.distributed_type.value
@@ -143,7 +143,7 @@ class Trainer:
         self._host_device = self.accelerator.device.type == "cpu"  # read per step; the property is not free
         self._memory = None
         if not self.args.skip_memory_metrics:
-            from .memory import StageMemoryTracker
+            from workbench.train.memory import StageMemoryTracker
 
             self._memory = StageMemoryTracker(self.accelerator.device)
             self._memory.start("init")
@@ -176,7 +176,7 @@ class Trainer:
         self._created_lr_scheduler = False
         self._train_batch_size = self.args.train_batch_size
 
-        from .tracking import reporting_callbacks
+        from workbench.train.tracking import reporting_callbacks
 
         # Signals, Ctrl-C, the UI and Session.stop() all set this one request; the JIT
         # callback turns it into save + stop at the next safe point.
@@ -186,12 +186,12 @@ class Trainer:
         self.stop_decision = self.stop_request
         self._rank_sync = None
         if self.accelerator.num_processes > 1:
-            from .distributed import RankSync
+            from workbench.distributed.rank_sync import RankSync
 
             self.stop_decision = StopRequest()
             self._rank_sync = RankSync(self)
         self._jit_callback = JITCheckpointCallback(self.stop_decision)
-        from .async_save import CheckpointWriter
+        from workbench.checkpoint.async_save import CheckpointWriter
 
         self.checkpoint_writer = CheckpointWriter()  # save_async writes here, in the background
         defaults: list[Any] = [DefaultFlowCallback, self._jit_callback, *reporting_callbacks(self.args)]
@@ -572,7 +572,7 @@ class Trainer:
         """Train; ``resume_from_checkpoint`` True resumes from the newest verified checkpoint."""
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {', '.join(kwargs)}")
-        from .loop import TrainingLoop
+        from workbench.train.loop import TrainingLoop
 
         if self.model_init is not None:
             set_seed(self.args.seed)
@@ -596,7 +596,7 @@ class Trainer:
         self.neftune_hook_handle = None
         failed = False
         if self.args.neftune_noise_alpha is not None:
-            from .neftune import activate_neftune
+            from workbench.train.neftune import activate_neftune
 
             # Training only: the hook checks module.training, and is removed when train() ends.
             self.neftune_hook_handle = activate_neftune(self.model, self.args.neftune_noise_alpha)
@@ -632,14 +632,14 @@ class Trainer:
     def evaluate(self, eval_dataset: Dataset | dict[str, Dataset] | str | None = None,
                  ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Evaluate and return metrics prefixed with ``metric_key_prefix`` (dicts: each named set)."""
-        from .evaluation import evaluate
+        from workbench.train.evaluation import evaluate
 
         return evaluate(self, eval_dataset, ignore_keys, metric_key_prefix)
 
     def predict(self, test_dataset: Dataset, ignore_keys: list[str] | None = None,
                 metric_key_prefix: str = "test") -> PredictionOutput:
         """Predictions, label ids and ``test_``-prefixed metrics for ``test_dataset``."""
-        from .evaluation import predict
+        from workbench.train.evaluation import predict
 
         return predict(self, test_dataset, ignore_keys, metric_key_prefix)
 
@@ -658,7 +658,7 @@ class Trainer:
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the weights as safetensors (and the processing class) to ``output_dir``."""
-        from .checkpoints import save_model_files
+        from workbench.checkpoint.store import save_model_files
 
         target = Path(output_dir or self.args.output_dir)
         if self.accelerator.is_main_process:

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .trainer_utils import unwrap_model
+from workbench.train.trainer_utils import unwrap_model
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from workbench.train.trainer import Trainer
 
 __all__ = ["host_copy", "unique_state", "capture_model_state", "capture_optimizer_state",
            "load_model_state", "load_optimizer_state", "is_fsdp"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .args import FSDP_SHARDING, ArgumentError, TrainingArguments
+from workbench.train.args import FSDP_SHARDING, ArgumentError, TrainingArguments
 
 __all__ = ["accelerator_plugins"]
 

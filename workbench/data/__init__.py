@@ -1,0 +1,2 @@
+"""Data: the built-in sets, datasets loading and tokenizing, collators, samplers.
+"""

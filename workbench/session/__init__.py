@@ -1,0 +1,3 @@
+"""The session layer: a Session trains in a background thread and is the one door the
+front-ends use (snapshots, events, commands, checkpoints, inspection).
+"""

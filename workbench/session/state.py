@@ -1,0 +1,135 @@
+"""The Session's data model: immutable snapshots, typed events, compact series, live edits.
+
+Kept apart from session.py (threads and commands) so front-ends and tests can use the data
+types without the control machinery.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Snapshot", "SessionEvent", "SeriesStore"]
+
+
+@dataclass(frozen=True)
+class SessionEvent:
+    """Something that happened: logged, evaluated, saved, paused, resumed, edited, finished, failed..."""
+
+    kind: str
+    step: int
+    time: float
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+Point = tuple[int, float]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a front-end shows, frozen at one moment. Series are tuples of (step, value)."""
+
+    status: str = "idle"
+    step: int = 0
+    max_steps: int = 0
+    epoch: float | None = None
+    elapsed: float = 0.0
+    steps_per_second: float = 0.0
+    samples_per_second: float = 0.0
+    tokens_per_second: float | None = None
+    eta: float | None = None
+    series: dict[str, tuple[Point, ...]] = field(default_factory=dict)
+    best_metric: float | None = None
+    best_step: int | None = None
+    memory: Any = None
+    checkpoints: tuple = ()
+    edits: tuple[dict[str, Any], ...] = ()
+    error: str | None = None
+    run_name: str | None = None
+    output_dir: str | None = None
+    device: str | None = None
+    updated: float = 0.0
+
+    @classmethod
+    def empty(cls) -> "Snapshot":
+        """The snapshot of a session that has not started."""
+        return cls()
+
+    @property
+    def progress(self) -> float:
+        """Fraction of max_steps done (0..1)."""
+        return self.step / self.max_steps if self.max_steps else 0.0
+
+    def latest(self, name: str) -> float | None:
+        """The newest value of a series, or None."""
+        points = self.series.get(name)
+        return points[-1][1] if points else None
+
+
+class _Series:
+    """One bounded series: the newest quarter of ``limit`` points at full detail, and older
+    points at a uniform stride that doubles each time the history fills up. (Thinning the
+    older half again and again would erase the history exponentially: a million-step run
+    would keep its first point and the last 0.6% of the steps.)"""
+
+    __slots__ = ("recent", "history", "history_limit", "stride", "aged")
+
+    def __init__(self, limit: int) -> None:
+        size = max(limit // 4, 1)
+        self.recent: collections.deque[Point] = collections.deque(maxlen=size)
+        self.history: list[Point] = []
+        self.history_limit = max(limit - size, 1)
+        self.stride = 1
+        self.aged = 0  # points that have left `recent`
+
+    def add(self, point: Point) -> None:
+        if len(self.recent) == self.recent.maxlen:
+            if self.aged % self.stride == 0:  # history keeps every stride-th aged point
+                self.history.append(self.recent[0])
+                if len(self.history) > self.history_limit:
+                    self.history = self.history[::2]
+                    self.stride *= 2
+            self.aged += 1
+        self.recent.append(point)
+
+    def points(self) -> tuple[Point, ...]:
+        return (*self.history, *self.recent)
+
+
+class SeriesStore:
+    """Named (step, value) series that stay bounded (at most ``limit`` points each): recent
+    points in full detail, the whole run's history downsampled evenly, first point kept."""
+
+    def __init__(self, limit: int = 2000) -> None:
+        self.limit = limit
+        self._data: dict[str, _Series] = {}
+        self._frozen: dict[str, tuple[Point, ...]] | None = None
+
+    def add(self, name: str, step: int, value: Any) -> None:
+        """Append one point (non-numbers are ignored)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return
+        series = self._data.get(name)
+        if series is None:
+            series = self._data[name] = _Series(self.limit)
+        series.add((step, float(value)))
+        self._frozen = None
+
+    def add_log(self, step: int, logs: dict[str, Any]) -> None:
+        """Train-side values of an on_log call (loss, learning_rate, grad_norm)."""
+        for key in ("loss", "learning_rate", "grad_norm"):
+            if key in logs:
+                self.add(key, step, logs[key])
+
+    def add_eval(self, step: int, metrics: dict[str, Any]) -> None:
+        """Every numeric evaluation metric, except timings."""
+        for key, value in metrics.items():
+            if not key.endswith(("_runtime", "_per_second")) and "_mem_" not in key:
+                self.add(key, step, value)
+
+    def frozen(self) -> dict[str, tuple[Point, ...]]:
+        """An immutable copy (cached until the next add)."""
+        if self._frozen is None:
+            self._frozen = {k: v.points() for k, v in self._data.items()}
+        return self._frozen
