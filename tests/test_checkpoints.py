@@ -8,6 +8,7 @@ bitwise comparisons run in seconds; the SIGKILL fault test lives elsewhere (subp
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -33,6 +34,13 @@ from workbench.cli import main as cli_main
 from workbench.data.builtin import TensorDictDataset
 from workbench.models import TinyGPT
 
+from conftest import StopAt
+from conftest import make_args as _make_args
+
+# Small batches, a fast learning rate and a fixed seed for every run in this file.
+make_args = functools.partial(_make_args, per_device_train_batch_size=4, per_device_eval_batch_size=4,
+                              learning_rate=1e-2, seed=1)
+
 VOCAB = 40
 SEQ = 16
 N_TRAIN = 48  # batch 4 -> 12 micro-batches an epoch
@@ -56,34 +64,6 @@ def gpt(seed: int = 0, **overrides) -> TinyGPT:
     options = {"vocab_size": VOCAB, "n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": SEQ}
     options.update(overrides)
     return TinyGPT(**options)
-
-
-def make_args(out, **overrides) -> TrainingArguments:
-    options = {
-        "output_dir": str(out),
-        "disable_tqdm": True,
-        "report_to": "none",
-        "per_device_train_batch_size": 4,
-        "per_device_eval_batch_size": 4,
-        "learning_rate": 1e-2,
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "seed": 1,
-    }
-    options.update(overrides)
-    return TrainingArguments(**options)
-
-
-class StopAt(TrainerCallback):
-    """Ask for save + stop at the end of step ``n`` (an interruption at a step boundary)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.n:
-            control.should_save = True
-            control.should_training_stop = True
 
 
 class StopAfterEval(TrainerCallback):

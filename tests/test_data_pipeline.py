@@ -9,6 +9,7 @@ written by the tests into tmp_path.
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from workbench import Trainer, TrainerCallback, TrainingArguments
+from workbench import Trainer, TrainerCallback
 from workbench.train.args import ArgumentError
 from workbench.data.collators import (
     DataCollatorForLanguageModeling,
@@ -43,8 +44,12 @@ from workbench.data.samplers import (
     dataset_lengths,
     padded_cost,
 )
+from conftest import StopAt
+from conftest import make_args as _make_args
 
 REPO = Path(__file__).resolve().parents[1]
+make_args = functools.partial(_make_args, per_device_train_batch_size=4, per_device_eval_batch_size=4,
+                              learning_rate=1e-2, seed=1)
 VOCAB = 99  # the CharTokenizer's
 
 
@@ -87,25 +92,7 @@ def gpt(seed: int = 0, **overrides) -> TinyGPT:
     return TinyGPT(**options)
 
 
-def make_args(out, **overrides) -> TrainingArguments:
-    options = {"output_dir": str(out), "disable_tqdm": True, "report_to": "none", "per_device_train_batch_size": 4,
-               "per_device_eval_batch_size": 4, "learning_rate": 1e-2, "logging_steps": 1, "save_strategy": "no",
-               "seed": 1}
-    options.update(overrides)
-    return TrainingArguments(**options)
-
-
 LM = DataCollatorForLanguageModeling(CharTokenizer(), mlm=False)
-
-
-class StopAt(TrainerCallback):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.n:
-            control.should_save = True
-            control.should_training_stop = True
 
 
 class MaskingCharTokenizer(CharTokenizer):

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -24,8 +26,13 @@ from workbench import EvalPrediction, Trainer, TrainerCallback, TrainingArgument
 from workbench import metrics as wb_metrics
 from workbench.train.args import ArgumentError
 from workbench.train.evaluation import concat_batches, pad_and_concat
+from conftest import make_args as _make_args
 
 SEQ = 16
+
+
+make_args = functools.partial(_make_args, per_device_train_batch_size=8, per_device_eval_batch_size=8,
+                              logging_steps=500)
 
 
 # -- models and data -----------------------------------------------------------------------
@@ -90,13 +97,6 @@ def lm_rows(n: int, vocab: int = 64, seq: int = SEQ, seed: int = 0, repeat: floa
             row[label_key] = ids.clone()
         rows.append(row)
     return rows
-
-
-def make_args(out, **kwargs) -> TrainingArguments:
-    settings = dict(per_device_eval_batch_size=8, per_device_train_batch_size=8, report_to="none",
-                    disable_tqdm=True, save_strategy="no")
-    settings.update(kwargs)
-    return TrainingArguments(str(out), **settings)
 
 
 def token_accuracy(pred: EvalPrediction) -> dict[str, float]:
@@ -581,7 +581,7 @@ def test_reference_example_eval_on_start(example_inputs, tmp_path):
     model, train_dataset = example_inputs["model"], example_inputs["train_dataset"]
     eval_dataset, compute_metrics = example_inputs["eval_dataset"], example_inputs["compute_metrics"]
     # ---- reference example (transformers -> workbench) ----
-    from workbench import Trainer, TrainingArguments
+    from workbench import Trainer
 
     trainer = Trainer(
         model=model,
@@ -607,7 +607,7 @@ def test_reference_example_eval_accumulation_steps(example_inputs):
     compute_metrics = example_inputs["compute_metrics"]
     train_dataset = example_inputs["train_dataset"]
     # ---- reference example (transformers -> workbench; train_dataset added: train() needs one) ----
-    from workbench import Trainer, TrainingArguments
+    from workbench import Trainer
 
     trainer = Trainer(
         model=model,
@@ -634,7 +634,7 @@ def test_reference_example_preprocess_logits_for_metrics(example_inputs):
     train_dataset = example_inputs["train_dataset"]
     # ---- reference example (transformers -> workbench; evaluate.load -> a local metric;
     #      train_dataset added: train() needs one) ----
-    from workbench import Trainer, TrainingArguments
+    from workbench import Trainer
 
     metric = LocalAccuracy()
 

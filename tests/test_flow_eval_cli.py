@@ -12,13 +12,11 @@ import math
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from workbench import (
     EarlyStoppingCallback,
@@ -34,12 +32,14 @@ from workbench import metrics as wb_metrics
 from workbench.data.builtin import load_builtin_data
 from workbench.models import MLPClassifier
 from workbench.train.tracking import read_events
+from conftest import StopAt
 
 REPO = Path(__file__).resolve().parents[1]
 
 IN_FEATURES, NUM_CLASSES = 8, 3
 CHECKPOINT_FILES = {"manifest.json", "model.safetensors", "optimizer.pt", "scheduler.pt",
                     "rng_state.pth", "trainer_state.json"}
+
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -192,18 +192,9 @@ def test_callback_returning_control_replaces_it(tmp_path, data):
     assert checkpoint_steps(out) == [2]
 
 
-class StopAt(TrainerCallback):
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_training_stop = True
-
-
 def test_callback_should_training_stop_stops_at_that_step(tmp_path, data):
     rec = Recorder()
-    trainer = make_trainer(tmp_path / "out", data, callbacks=[StopAt(3), rec], max_steps=20, save_strategy="no")
+    trainer = make_trainer(tmp_path / "out", data, callbacks=[StopAt(3, save=False), rec], max_steps=20, save_strategy="no")
     output = trainer.train()
     assert output.global_step == 3
     assert trainer.state.global_step == 3
@@ -826,71 +817,4 @@ def test_tiny_gpt_demo_end_to_end(tmp_path):
     assert checkpoint_steps(out) == [200, 300]  # save_total_limit = 2
 
 
-# -- 12. import hygiene ------------------------------------------------------------------------------
-
-
-CORE_MODULES = ["workbench", "workbench.train.args", "workbench.train.callbacks", "workbench.train.trainer", "workbench.train.loop",
-                "workbench.train.evaluation", "workbench.checkpoint.store", "workbench.config.loader", "workbench.config.build",
-                "workbench.cli", "workbench.data.builtin", "workbench.train.losses", "workbench.train.optim", "workbench.train.tracking",
-                "workbench.metrics", "workbench.models", "workbench.data.collators", "workbench.data.samplers",
-                "workbench.train.trainer_utils"]
-FRONT_ENDS = ("textual", "ipywidgets", "bqplot", "plotly", "plotext", "transformers")
-
-# One probe interpreter imports the heavy third-party libraries once (after checking they pull
-# in no front-end), then forks a fresh child per core module: each child starts without any
-# workbench module loaded, imports one, and reports which front-ends are in sys.modules.
-# Same answer as a brand-new interpreter per module, at a fraction of the start-up cost.
-_IMPORT_PROBE = """
-import importlib, json, os, sys
-forbidden = {forbidden!r}
-for heavy in ("numpy", "torch", "accelerate", "safetensors", "pydantic"):
-    importlib.import_module(heavy)
-preloaded = sorted(name for name in forbidden if name in sys.modules)
-assert not preloaded, preloaded
-assert not any(name == "workbench" or name.startswith("workbench.") for name in sys.modules)
-for module in sys.argv[1:]:
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        try:
-            importlib.import_module(module)
-            found = sorted(name for name in forbidden if name in sys.modules)
-            payload = json.dumps({{"module": module, "found": found}})
-        except BaseException as exc:
-            payload = json.dumps({{"module": module, "error": repr(exc)}})
-        os.write(write, payload.encode())
-        os._exit(0)
-    os.close(write)
-    chunks = []
-    while chunk := os.read(read, 65536):
-        chunks.append(chunk)
-    os.close(read)
-    os.waitpid(pid, 0)
-    print(b"".join(chunks).decode(), flush=True)
-"""
-
-
-@pytest.fixture(scope="module")
-def import_results() -> dict[str, dict]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-c", _IMPORT_PROBE.format(forbidden=FRONT_ENDS), *CORE_MODULES],
-                            capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-    assert result.returncode == 0, result.stderr
-    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    return {row["module"]: row for row in rows}
-
-
-@pytest.mark.parametrize("module", CORE_MODULES)
-def test_core_module_does_not_import_front_ends(module, import_results):
-    row = import_results[module]
-    assert "error" not in row, row
-    assert row["found"] == []
-
-
-def test_import_workbench_does_not_import_torch():
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    code = "import sys, workbench; print(sorted(m for m in ('torch', 'accelerate') if m in sys.modules))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+# -- 12. import hygiene: tests/test_layers.py reads and probes every module.

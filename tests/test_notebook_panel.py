@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 pytest.importorskip("ipywidgets")
 pytest.importorskip("bqplot")
@@ -32,13 +31,6 @@ from workbench.widgets.notebook.panel import MIN_INTERVAL  # noqa: E402
 DEADLINE = 60.0
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny models on a shared 2-core machine: intra-op threads only add contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def wait_for(condition, what: str, deadline: float = DEADLINE) -> None:

@@ -48,13 +48,6 @@ _DATA: dict[tuple, tuple] = {}
 # ----------------------------------------------------------------------------- helpers
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny models on a shared 2-core machine: intra-op threads only add contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def lm_data(max_chars: int = 20000, eval_fraction: float = 0.05):
@@ -156,7 +149,7 @@ class PauseAt(TrainerCallback):
             self.session.pause()
 
 
-class StopAt(TrainerCallback):
+class StopSessionAt(TrainerCallback):
     """Calls session.stop(save=True) once, at the beginning of step ``step + 1``: the run
     stops at that boundary, before step ``step + 1`` runs."""
 
@@ -446,7 +439,7 @@ def test_live_lr_edit_then_kill_and_resume_reproduces_the_edited_run(tmp_path, s
     assert finish(session_a) == "finished"
 
     out_b = tmp_path / "b"
-    session_b, trainer_b = edited_session(out_b, StopAt(stop_at))
+    session_b, trainer_b = edited_session(out_b, StopSessionAt(stop_at))
     assert finish(session_b) == "stopped"
     saved = trainer_b.state.global_step
     assert k < saved < steps
@@ -497,7 +490,7 @@ def test_max_steps_edit_beyond_the_planned_epochs_runs_to_the_new_end(tmp_path, 
 
 def test_num_train_epochs_edit_converts_with_the_planned_epoch_length(tmp_path, sessions):
     # 10 steps per epoch; max_steps 15 (so max_steps / num_train_epochs = 7.5 is no epoch length).
-    pause, stop = PauseAt(4), StopAt(7)
+    pause, stop = PauseAt(4), StopSessionAt(7)
     trainer = lm_trainer(tmp_path, train=_small_train(), max_steps=15, save_strategy="steps", save_steps=50,
                          callbacks=[pause, stop])
     session = Session(trainer)
@@ -518,7 +511,7 @@ def test_num_train_epochs_edit_converts_with_the_planned_epoch_length(tmp_path, 
 
 
 def test_max_steps_edit_survives_kill_and_resume(tmp_path, sessions):
-    pause, stop = PauseAt(4), StopAt(7)
+    pause, stop = PauseAt(4), StopSessionAt(7)
     trainer = lm_trainer(tmp_path, train=_small_train(), max_steps=15, save_strategy="steps", save_steps=50,
                          callbacks=[pause, stop])
     session = Session(trainer)
@@ -548,7 +541,7 @@ def _tree(path: Path) -> dict[str, tuple[int, int]]:
 
 def test_resume_from_and_branch(tmp_path, sessions):
     out = tmp_path / "main"
-    stop, starts = StopAt(12), BeginSteps()
+    stop, starts = StopSessionAt(12), BeginSteps()
     trainer = lm_trainer(out, max_steps=20, save_strategy="steps", save_steps=5, logging_steps=5,
                          lr_scheduler_type="constant", callbacks=[stop, starts])
     session = Session(trainer)

@@ -23,24 +23,14 @@ from workbench import Trainer, TrainerCallback, TrainingArguments
 from workbench.train.args import ArgumentError
 from workbench.data.builtin import TensorDictDataset, load_builtin_data
 from workbench.models import MLPClassifier, TinyGPT
+from conftest import make_args
 
 VOCAB = 40
 SEQ = 10
 
 
+
 # ----------------------------------------------------------------------------- helpers
-
-
-def make_args(tmp_path, **overrides) -> TrainingArguments:
-    options = {
-        "output_dir": str(tmp_path),
-        "disable_tqdm": True,
-        "report_to": "none",
-        "save_strategy": "no",
-        "logging_steps": 1,
-    }
-    options.update(overrides)
-    return TrainingArguments(**options)
 
 
 def tiny_gpt(seed: int = 0, **overrides) -> TinyGPT:

@@ -704,13 +704,6 @@ def test_parse_edits_and_overrides():
         parse_overrides("oops")
 
 
-def test_core_modules_do_not_import_textual():
-    code = ("import sys, workbench.session.local, workbench.cli, workbench.session.state, workbench.widgets.view; "
-            "bad = [m for m in ('textual', 'textual_plotext', 'plotext') if m in sys.modules]; "
-            "assert not bad, bad")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
-
-
 # ----------------------------------------------------------------------------- a real terminal
 
 

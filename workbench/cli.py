@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from workbench.checkpoint.lock import OutputDirLock
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
+from workbench.exit_codes import (  # noqa: F401 - re-exported for callers of the CLI
+    EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE, OUTCOME_CODES)
+from workbench.train.metric_keys import is_timing_metric
 
 __all__ = ["main"]
 
@@ -166,7 +168,7 @@ def _checkpoints(ns: argparse.Namespace) -> int:
     for r in rows:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created)) if r.created else "-"
         state = "complete" if r.complete else "incomplete"
-        metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items()) if not k.endswith(("_runtime", "_second")))
+        metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items()) if not is_timing_metric(k))
         epoch = f"{r.epoch:.2f}" if r.epoch is not None else "-"
         marker = " *best" if r.best else ""
         print(f"{r.name:<20} {r.step:>7} {epoch:>6} {_human_size(r.size):>9} {created:<19} {state:<10} {metrics}{marker}")
@@ -224,16 +226,13 @@ def _check_resume_path(path: Path) -> None:
 
 def _claim_output_dir(output_dir: Path) -> "OutputDirLock | None":
     """Create the output_dir, check it is writable, and (rank 0) take its lock."""
-    from workbench.checkpoint.lock import OutputDirBusy, OutputDirLock
+    from workbench.checkpoint.lock import OutputDirBusy, OutputDirLock, check_writable
     from workbench.distributed.world import is_main_process
 
     try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
+        check_writable(output_dir)
     except OSError as exc:
-        raise UsageError(f"training.output_dir: cannot write to {output_dir} ({exc.strerror}); choose a writable folder")
+        raise UsageError(f"training.{exc}") from None
     if not is_main_process():
         return None
     lock = OutputDirLock(output_dir, reentrant=True)
@@ -371,7 +370,7 @@ def _run_dashboard(trainer, resume: object, output_dir: Path) -> int:
     The app returns an outcome; its exit code follows DESIGN.md (q then Enter saves and
     exits 0). Messages are printed after the app has given the terminal back.
     """
-    from workbench.widgets.tui import OUTCOMES, run_dashboard
+    from workbench.widgets.tui import run_dashboard
 
     from workbench.session.local import Session
 
@@ -401,7 +400,7 @@ def _run_dashboard(trainer, resume: object, output_dir: Path) -> int:
         print(f"workbench: stopped at step {step} without saving", file=sys.stderr)
     else:
         print(f"workbench: {session.status}; files in {output_dir}")
-    return OUTCOMES.get(outcome, EXIT_FAILED)
+    return OUTCOME_CODES.get(outcome, EXIT_FAILED)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["LOCK_NAME", "OWNER_ENV", "OutputDirBusy", "OutputDirLock", "hold_output_dir"]
+__all__ = ["LOCK_NAME", "OWNER_ENV", "OutputDirBusy", "OutputDirLock", "hold_output_dir", "check_writable"]
 
 log = logging.getLogger("workbench")
 
@@ -174,3 +174,16 @@ def hold_output_dir(output_dir: str | os.PathLike) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Create ``path`` and write a probe file there: a run fails before training, with a line
+    saying why, when its output_dir cannot hold the event log and checkpoints."""
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"  # per process: ranks probe at once
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise OSError(f"output_dir: cannot write to {folder} ({exc.strerror or exc}); choose a writable folder") from exc

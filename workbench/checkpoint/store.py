@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import pickle
-import random
 import re
 import shutil
 import time
@@ -23,7 +22,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from workbench.checkpoint.state_dicts import (
@@ -35,6 +33,7 @@ from workbench.checkpoint.state_dicts import (
     unique_state,
 )
 from workbench.train.trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_model
+from workbench.train.rng import capture_rng, restore_rng
 
 if TYPE_CHECKING:
     from workbench.train.trainer import Trainer
@@ -364,29 +363,6 @@ def save_model_files(model: torch.nn.Module, directory: Path, processing_class: 
         processing_class.save_pretrained(directory)
 
 
-def _rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": {"key": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
-        "cpu": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    n = state["numpy"]
-    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
-    torch.set_rng_state(state["cpu"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 @dataclass
 class CheckpointContents:
     """Everything a checkpoint holds, as host copies: taking it is the only part of a save
@@ -420,7 +396,7 @@ class CheckpointContents:
             optimizer=optimizer,
             scheduler=host_copy(trainer.lr_scheduler.state_dict()) if full and main else None,
             scaler=host_copy(scaler.state_dict()) if full and main and scaler is not None else None,
-            rng=_rng_state() if full and acc.num_processes == 1 else None,
+            rng=capture_rng() if full and acc.num_processes == 1 else None,
             trainer_state=trainer.state.to_json_string(),
             training_args=args.to_json_string() + "\n",
         )
@@ -467,7 +443,7 @@ def save_checkpoint(trainer: "Trainer") -> Path | None:
             tmp = store.begin(step)
         acc.wait_for_everyone()
         if not args.save_only_model:
-            torch.save(_rng_state(), store.temporary(step) / f"rng_state_{acc.process_index}.pth")
+            torch.save(capture_rng(), store.temporary(step) / f"rng_state_{acc.process_index}.pth")
         acc.wait_for_everyone()
     if acc.is_main_process:
         if args.save_async:
@@ -570,7 +546,7 @@ def load_training_state(trainer: "Trainer", checkpoint: Path) -> None:
                     setattr(cb, key, value)
     rng = rng_state_file(checkpoint, acc.process_index, acc.num_processes)
     if rng is not None:
-        _set_rng_state(_load(rng))
+        restore_rng(_load(rng))
 
 
 def rng_state_file(checkpoint: Path, rank: int, num_processes: int) -> Path | None:

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from workbench.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
+
 __all__ = ["launch_ranks", "EXIT_FILE_ENV", "report_exit_code", "launched_by_workbench"]
 
 EXIT_FILE_ENV = "WORKBENCH_EXIT_FILE"
@@ -85,8 +87,6 @@ def _worker_pids(launcher_pid: int) -> list[int]:
 def launch_ranks(num_processes: int, worker_args: list[str], config_file: str | None = None,
                  extra_env: dict[str, str] | None = None) -> int:
     """Run the ranks and return the run's exit code (rank 0's, as DESIGN.md defines them)."""
-    from workbench.cli import EXIT_FAILED, EXIT_INTERRUPTED
-
     command, env = launcher_command(num_processes, ["-m", "workbench", *worker_args], config_file)
     with tempfile.TemporaryDirectory(prefix="workbench-launch-") as tmp:
         exit_file = Path(tmp) / "exit-code"
@@ -148,6 +148,4 @@ def report_exit_code(code: int, is_main: bool) -> int:
         tmp = Path(f"{path}.{os.getpid()}.{time.time_ns()}")
         tmp.write_text(f"{code}\n")
         os.replace(tmp, path)
-    from workbench.cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
-
     return EXIT_OK if code in (EXIT_OK, EXIT_INTERRUPTED, EXIT_TERMINATED) else code

@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from workbench.train.callbacks import TrainerCallback
+
 if TYPE_CHECKING:
     from workbench.train.trainer import Trainer
 
@@ -56,8 +58,15 @@ def _reason_code(reason: str | None) -> int:
     return _REASONS.index(reason) if reason in _REASONS else 1
 
 
-class RankSync:
-    """The agreement between ranks (one per Trainer when there are several processes)."""
+class RankSync(TrainerCallback):
+    """The agreement between ranks: a callback the Trainer installs first when there are several
+    processes (a single process needs none), so the loop itself has no rank special cases.
+
+    Its hooks: before a step, ranks other than 0 wait out rank 0's pause (joining its paused-time
+    save or evaluation); right before the optimizer step, when every rank has just left the
+    gradients' all-reduce, the next exchange starts; at step ends the last one is applied; at
+    the end of training the one in flight is collected.
+    """
 
     def __init__(self, trainer: "Trainer") -> None:
         import torch.distributed as dist
@@ -84,6 +93,30 @@ class RankSync:
         self._since_point = 0
         self._post_next = True  # the first exchange starts with the first step
         self._last_point: float | None = None  # rank 0's clock at the last exchange point
+
+    # -- the hooks ---------------------------------------------------------------------------
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.is_main or not self.paused:
+            return
+        self.follow_pause(self._run_paused_action)
+        if self.trainer.stop_decision.is_set():  # agreed while paused: stop before this step
+            self.trainer._jit_callback.act(control)
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.after_backward()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.step_end(control)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.finish()
+
+    def _run_paused_action(self, action: str) -> None:
+        """Take part, on a rank other than 0, in a save or evaluation rank 0 runs while paused."""
+        from workbench.train.edits import evaluate_between_steps, save_between_steps
+
+        (save_between_steps if action == "save" else evaluate_between_steps)(self.trainer)
 
     # -- what rank 0 asks for --------------------------------------------------------------
 

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from workbench.train.callbacks import TrainerCallback
 from workbench.distributed.rank_sync import HEARTBEAT_S
 from workbench.session.state import SeriesStore, SessionEvent, Snapshot
-from workbench.train.edits import EDITABLE, apply_edit, evaluate_between_steps, rng_preserved, save_between_steps
+from workbench.train.edits import EDITABLE, apply_edit, evaluate_between_steps, save_between_steps
+from workbench.train.rng import rng_preserved
 from workbench.train.trainer_utils import unwrap_model
 
 if TYPE_CHECKING:

@@ -10,6 +10,8 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.train.metric_keys import is_timing_metric
+
 __all__ = ["Snapshot", "SessionEvent", "SeriesStore"]
 
 
@@ -125,7 +127,7 @@ class SeriesStore:
     def add_eval(self, step: int, metrics: dict[str, Any]) -> None:
         """Every numeric evaluation metric, except timings."""
         for key, value in metrics.items():
-            if not key.endswith(("_runtime", "_per_second")) and "_mem_" not in key:
+            if not is_timing_metric(key) and "_mem_" not in key:
                 self.add(key, step, value)
 
     def frozen(self) -> dict[str, tuple[Point, ...]]:

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from workbench.train.metric_keys import is_timing_metric
+
 __all__ = [
     "Event",
     "TrainerState",
@@ -413,7 +415,7 @@ class PrinterCallback(TrainerCallback):
         shown = [
             f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
             for k, v in metrics.items()
-            if not k.endswith(("_runtime", "_per_second"))
+            if not is_timing_metric(k)
         ]
         self._write(f"eval @ step {state.global_step}: " + " | ".join(shown))
 

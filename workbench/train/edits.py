@@ -8,16 +8,16 @@ stays bitwise equal to one never paused.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from workbench.train.rng import rng_preserved
 
 if TYPE_CHECKING:
     from workbench.train.trainer import Trainer
 
-__all__ = ["EDITABLE", "apply_edit", "replay_edits", "rng_preserved", "save_between_steps", "evaluate_between_steps"]
+__all__ = ["EDITABLE", "apply_edit", "replay_edits", "save_between_steps", "evaluate_between_steps"]
 
 
 def _positive_number(name: str) -> Callable[[Any], None]:
@@ -112,24 +112,6 @@ def replay_edits(trainer: "Trainer") -> None:
                 trainer.state.max_steps = int(value)
             elif key == "num_train_epochs" and per_epoch:
                 trainer.state.max_steps = math.ceil(per_epoch * value)
-
-
-@contextlib.contextmanager
-def rng_preserved() -> Iterator[None]:
-    """Save every RNG state (python, numpy, torch CPU and CUDA) and restore it afterwards."""
-    import numpy as np
-    import torch
-
-    py, npy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    try:
-        yield
-    finally:
-        random.setstate(py)
-        np.random.set_state(npy)
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
 
 
 def save_between_steps(trainer: "Trainer") -> Any:

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 import workbench.train.losses as losses
+from workbench.checkpoint.lock import check_writable
 from workbench.train.trainer_utils import TrainOutput, has_length, speed_metrics, unwrap_model
 
 if TYPE_CHECKING:
@@ -99,7 +98,7 @@ class TrainingLoop:
 
         store = CheckpointStore(args.output_dir)
         if acc.is_main_process:
-            _check_writable(store.root)
+            check_writable(store.root)
         checkpoint = store.resolve_resume(resume_from_checkpoint) if resume_from_checkpoint else None
         loader = trainer.get_train_dataloader()
         max_steps, num_epochs, updates_per_epoch = self._plan(loader)
@@ -201,8 +200,6 @@ class TrainingLoop:
         batches_in_epoch = len(loader) if has_length(loader) else None
         iterator = iter(iterator_source)
         step_in_epoch = skip  # micro-batches consumed in this epoch
-        distributed = acc.num_processes > 1
-        ranks = trainer._rank_sync
         count_tokens = args.include_num_input_tokens_seen
         while not trainer.control.should_training_stop:
             micro = []
@@ -215,8 +212,6 @@ class TrainingLoop:
                 break
             num_items = self._count_items(micro)
             trainer.last_inputs = micro[-1]  # for inspection while paused (a reference, no copy)
-            if ranks is not None:  # rank 0 paused at the last step end: wait with it
-                ranks.follow_pause(self._paused_action)
             trainer.control = handler.on_step_begin(args, state, trainer.control)
             if trainer.control.should_training_stop:
                 # Stopped before this step ran (e.g. while paused at its start): save the
@@ -227,7 +222,8 @@ class TrainingLoop:
             for i, inputs in enumerate(micro):
                 if count_tokens != "no":
                     self._count_tokens(inputs, count_tokens)
-                sync = contextlib.nullcontext() if (i == last or not distributed) else acc.no_sync(model)
+                # Accumulating micro-batches skip the gradients' all-reduce (a no-op with one process).
+                sync = contextlib.nullcontext() if i == last else acc.no_sync(model)
                 with sync:
                     loss = trainer.training_step(model, inputs, num_items)
                 # Remembered, not added: the window sums (and NaN-filters) at the logging point.
@@ -242,19 +238,11 @@ class TrainingLoop:
             else:
                 state.epoch = epoch + state.global_step / state.max_steps
             trainer.control = handler.on_step_end(args, state, trainer.control)
-            if ranks is not None:  # every rank acts on the same flags from here on
-                ranks.step_end(trainer.control)
             self._log_save_evaluate(model, ignore_keys, start_time)
             if trainer.control.should_epoch_stop or trainer.control.should_training_stop:
                 break
         trainer.control = handler.on_epoch_end(args, state, trainer.control)
         self._log_save_evaluate(model, ignore_keys, start_time)
-
-    def _paused_action(self, action: str) -> None:
-        """Take part, on a rank other than 0, in a save or evaluation rank 0 runs while paused."""
-        from workbench.train.edits import evaluate_between_steps, save_between_steps
-
-        (save_between_steps if action == "save" else evaluate_between_steps)(self.trainer)
 
     def _count_items(self, micro: list[dict[str, Any]]) -> torch.Tensor | None:
         """Targets across the accumulated batch (and across processes when averaging).
@@ -286,8 +274,6 @@ class TrainingLoop:
     def _optimizer_step(self, model) -> None:
         trainer, args, acc = self.trainer, self.args, self.accelerator
         handler, state = trainer.callback_handler, trainer.state
-        if trainer._rank_sync is not None:  # the ranks have just synchronized their gradients
-            trainer._rank_sync.after_backward()
         if args.max_grad_norm > 0:
             if self._clip_plain:
                 self.grad_norm = torch.nn.utils.clip_grad_norm_(self._params, args.max_grad_norm)
@@ -339,8 +325,6 @@ class TrainingLoop:
     def _finish(self, start_time: float, start_step: int) -> TrainOutput:
         trainer, args = self.trainer, self.args
         state = trainer.state
-        if trainer._rank_sync is not None:
-            trainer._rank_sync.finish()
         # Fold in loss not yet logged, so train_loss covers every step.
         steps_run = max(state.global_step - start_step, 1)
         remaining = self.window.total().item() if state.global_step > self.last_logged else 0.0
@@ -362,18 +346,6 @@ class TrainingLoop:
         trainer.log(dict(metrics))
         trainer.control = trainer.callback_handler.on_train_end(args, state, trainer.control)
         return TrainOutput(state.global_step, train_loss, metrics)
-
-
-def _check_writable(path: Path) -> None:
-    """Fail before training when output_dir cannot hold the event log and checkpoints."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        raise OSError(f"output_dir: cannot write to {path} ({exc.strerror or exc}); "
-                      "choose a writable folder") from exc
 
 
 def _empty_cache(device: torch.device) -> None:

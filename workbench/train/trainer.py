@@ -44,7 +44,14 @@ from workbench.data.samplers import (
 )
 from workbench.checkpoint.lock import hold_output_dir
 from workbench.distributed.signals import JITCheckpointCallback, StopRequest, install_stop_handlers
-from workbench.train.trainer_utils import PredictionOutput, TrainOutput, has_length, set_seed, unwrap_model
+from workbench.train.metric_keys import is_timing_metric
+from workbench.train.trainer_utils import (
+    PredictionOutput,
+    TrainOutput,
+    has_length,
+    set_seed,
+    unwrap_model,
+)
 
 log = logging.getLogger("workbench")
 
@@ -194,7 +201,10 @@ class Trainer:
         from workbench.checkpoint.async_save import CheckpointWriter
 
         self.checkpoint_writer = CheckpointWriter()  # save_async writes here, in the background
-        defaults: list[Any] = [DefaultFlowCallback, self._jit_callback, *reporting_callbacks(self.args)]
+        # The rank agreement goes first: a rank waits out rank 0's pause before any other
+        # callback sees the step begin.
+        agreement = [self._rank_sync] if self._rank_sync is not None else []
+        defaults: list[Any] = [*agreement, DefaultFlowCallback, self._jit_callback, *reporting_callbacks(self.args)]
         if not self.args.disable_tqdm:
             defaults.append(PrinterCallback)
         self.callback_handler = CallbackHandler(
@@ -673,7 +683,7 @@ class Trainer:
         if name is not None and not any(k.endswith("_interrupted") for k in metrics):
             key = name if name.startswith("eval_") else f"eval_{name}"
             if key not in metrics:
-                shown = ", ".join(sorted(k for k in metrics if not k.endswith(("_runtime", "_per_second"))))
+                shown = ", ".join(sorted(k for k in metrics if not is_timing_metric(k)))
                 raise KeyError(
                     f"metric_for_best_model: the evaluation returned no {key!r}; it returned: {shown}. "
                     "Set metric_for_best_model to one of these (with or without the eval_ prefix)"

@@ -1,0 +1,30 @@
+"""The process exit codes of ``workbench`` commands, in one place (DESIGN.md section 3).
+
+0 finished; 1 training failed; 2 a usage or config error (one line on stderr); 3 no live run
+answers (``workbench ctl``); 130 Ctrl-C or a stop without saving; 143 stopped by SIGTERM
+after the just-in-time checkpoint (schedulers must see "preempted", not "finished").
+"""
+
+from __future__ import annotations
+
+__all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_NO_RUN", "EXIT_INTERRUPTED", "EXIT_TERMINATED",
+           "OUTCOME_CODES"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NO_RUN = 3
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+
+# How a dashboard session ended, and the code the CLI exits with for it.
+OUTCOME_CODES = {
+    "finished": EXIT_OK,            # the run ended on its own (or had ended when the user quit)
+    "saved": EXIT_OK,               # quit dialog: stop and save (q then Enter)
+    "stopped": EXIT_INTERRUPTED,    # quit dialog: stop without saving
+    "interrupted": EXIT_INTERRUPTED,  # ctrl+c: stop and save, then exit
+    "aborted": EXIT_INTERRUPTED,    # a second ctrl+c: exit without waiting for the save
+    "terminated": EXIT_TERMINATED,  # SIGTERM: stop and save, then exit
+    "failed": EXIT_FAILED,
+    "crashed": EXIT_FAILED,         # the dashboard itself failed; the run was stopped and saved
+}
