@@ -686,20 +686,23 @@ def test_restore_callback_states_restores_early_stopping(tmp_path):
     saved = json.loads((tmp_path / "cut" / "checkpoint-3" / "trainer_state.json").read_text())
     assert saved["stateful_callbacks"]["EarlyStoppingCallback"]["attributes"]["early_stopping_patience_counter"] == 2
 
-    restored = EarlyStoppingCallback(3)
     seen = {}
 
-    class Probe(TrainerCallback):
+    class Recording(EarlyStoppingCallback):
         def on_train_begin(self, args, state, control, **kwargs):
-            seen["counter"] = restored.early_stopping_patience_counter
+            seen.update(counter=self.early_stopping_patience_counter, patience=self.early_stopping_patience)
+            super().on_train_begin(args, state, control, **kwargs)
 
-    resumed = run_scripted(tmp_path / "cut", script, callbacks=[restored, Probe()], resume=True,
+    run_scripted(tmp_path / "rec", script, callbacks=[Recording(3), StopAt(3)], **options)
+    # Resumed with the default patience (1): the saved args rebuild it with patience 3, as in HF.
+    resumed = run_scripted(tmp_path / "rec", script, callbacks=[Recording()], resume=True,
                            restore_callback_states_from_checkpoint=True, **options)
-    assert seen["counter"] == 2
+    assert seen == {"counter": 2, "patience": 3}
     assert resumed.state.global_step == 4
 
     fresh = run_scripted(tmp_path / "cut", script, callbacks=[EarlyStoppingCallback(3)], resume=True, **options)
-    assert fresh.state.global_step == 7  # without restoring, the counter starts over at step 4
+    # Without restoring, the counter starts over: steps 4, 5, 6 fail to beat the best (step 1's).
+    assert fresh.state.global_step == 6
 
 
 # ------------------------------------------------------------------ save_checkpoint API

@@ -374,9 +374,10 @@ def _run_dashboard(trainer, resume: object, output_dir: Path) -> int:
 
     from workbench.session.local import Session
 
-    from workbench.train.callbacks import PrinterCallback
+    from workbench.train.callbacks import PrinterCallback, ProgressCallback
 
-    trainer.remove_callback(PrinterCallback)  # the dashboard shows progress; prints would tear it
+    for printer in (ProgressCallback, PrinterCallback):  # the dashboard shows progress; prints would tear it
+        trainer.remove_callback(printer)
     session = Session(trainer, resume_from_checkpoint=resume)
     outcome = run_dashboard(session)
     if outcome != "aborted":  # a second ctrl+c means: do not wait for the save

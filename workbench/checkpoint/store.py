@@ -420,9 +420,7 @@ def save_checkpoint(trainer: "Trainer") -> Path | None:
     name = f"{PREFIX_CHECKPOINT_DIR}-{step}"
     if state.best_global_step == step:
         state.best_model_checkpoint = str(Path(args.output_dir) / name)
-    for cb in trainer.callback_handler.callbacks:
-        if hasattr(cb, "state") and callable(cb.state) and hasattr(type(cb), "from_state"):
-            state.stateful_callbacks[type(cb).__name__] = cb.state()
+    state.stateful_callbacks = trainer.callback_handler.export_states(trainer.control)
     contents = CheckpointContents.capture(trainer)
 
     keep = {Path(state.best_model_checkpoint).name} if state.best_model_checkpoint else set()
@@ -539,11 +537,10 @@ def load_training_state(trainer: "Trainer", checkpoint: Path) -> None:
     loaded.is_world_process_zero = trainer.state.is_world_process_zero
     trainer.state = loaded
     if trainer.args.restore_callback_states_from_checkpoint:
-        for cb in trainer.callback_handler.callbacks:
-            saved = loaded.stateful_callbacks.get(type(cb).__name__)
-            if saved and hasattr(cb, "state"):
-                for key, value in saved.get("attributes", {}).items():
-                    setattr(cb, key, value)
+        trainer.control = trainer.callback_handler.restore_states(loaded.stateful_callbacks, trainer.control)
+        # The saving run's stop flag was why it stopped: a resumed run would otherwise end
+        # after one step (HF restores it as is; no one wants that).
+        trainer.control._new_training()
     rng = rng_state_file(checkpoint, acc.process_index, acc.num_processes)
     if rng is not None:
         restore_rng(_load(rng))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import logging
 import math
 import sys
 import time
@@ -19,6 +20,8 @@ from typing import Any, TextIO
 
 from workbench.train.metric_keys import is_timing_metric
 
+log = logging.getLogger("workbench")
+
 __all__ = [
     "Event",
     "TrainerState",
@@ -26,6 +29,7 @@ __all__ = [
     "TrainerCallback",
     "CallbackHandler",
     "DefaultFlowCallback",
+    "ProgressCallback",
     "PrinterCallback",
     "EarlyStoppingCallback",
     "ExportableState",
@@ -50,6 +54,7 @@ class Event(enum.StrEnum):
     ON_SAVE = "on_save"
     ON_LOG = "on_log"
     ON_PREDICTION_STEP = "on_prediction_step"
+    ON_PUSH_BEGIN = "on_push_begin"
     # workbench additions: a run that fails, so sinks can record the error.
     ON_ERROR = "on_error"
 
@@ -74,7 +79,7 @@ class ExportableState:
 class TrainerState:
     """What the loop knows about the run; saved as trainer_state.json in checkpoints."""
 
-    epoch: float | None = None
+    epoch: float = 0
     global_step: int = 0
     max_steps: int = 0
     logging_steps: int = 500
@@ -125,8 +130,9 @@ class TrainerState:
 
 
 @dataclass
-class TrainerControl:
-    """Flags callbacks set to steer the loop; the loop resets them after acting."""
+class TrainerControl(ExportableState):
+    """Flags callbacks set to steer the loop; the loop resets them after acting. Saved in
+    checkpoints with the stateful callbacks, as in HF."""
 
     should_training_stop: bool = False
     should_epoch_stop: bool = False
@@ -144,6 +150,10 @@ class TrainerControl:
         self.should_save = False
         self.should_evaluate = False
         self.should_log = False
+
+    def state(self) -> dict:
+        """The flags, as ``{"args": ..., "attributes": {}}`` (HF's ExportableState form)."""
+        return {"args": dataclasses.asdict(self), "attributes": {}}
 
 
 class TrainerCallback:
@@ -169,6 +179,7 @@ class TrainerCallback:
     def on_save(self, args, state, control, **kwargs): ...
     def on_log(self, args, state, control, logs=None, **kwargs): ...
     def on_prediction_step(self, args, state, control, **kwargs): ...
+    def on_push_begin(self, args, state, control, **kwargs): ...
     def on_error(self, args, state, control, error=None, **kwargs): ...
 
 
@@ -201,10 +212,59 @@ class CallbackHandler(TrainerCallback):
     # -- the list ---------------------------------------------------------------------
 
     def add_callback(self, callback: Any) -> None:
-        """Add a callback instance or class (a class is instantiated without arguments)."""
+        """Add a callback instance or class (a class is instantiated without arguments).
+
+        A second callback of a class already present is added too, with HF's warning: two
+        early-stopping callbacks, say, are usually a configuration mistake.
+        """
         cb = callback() if isinstance(callback, type) else callback
+        if any(type(existing) is type(cb) for existing in self.callbacks):
+            log.warning("You are adding a %s to the callbacks of this Trainer, but there is already one. "
+                        "The current list of callbacks is:\n%s", type(cb).__name__, self.callback_list)
         self.callbacks.append(cb)
         self._dispatch: dict[str, list] = {}
+
+    # -- state in checkpoints ---------------------------------------------------------
+
+    def export_states(self, control: TrainerControl) -> dict[str, Any]:
+        """``stateful_callbacks`` for trainer_state.json: each ExportableState callback's
+        ``state()`` by class name (a list when several share a class), and the control."""
+        out: dict[str, Any] = {}
+        for cb in [*self.callbacks, control]:
+            if not isinstance(cb, ExportableState):
+                continue
+            name = type(cb).__name__
+            if name in out:
+                out[name] = (out[name] if isinstance(out[name], list) else [out[name]]) + [cb.state()]
+            else:
+                out[name] = cb.state()
+        return out
+
+    def restore_states(self, saved: dict[str, Any], control: TrainerControl) -> TrainerControl:
+        """Rebuild the stateful callbacks (and the control) from a checkpoint's ``stateful_callbacks``.
+
+        Each is made anew from its saved constructor ``args``, then its ``attributes`` are set,
+        as HF does; instances of one class pair with the saved states in order, and keep their
+        place in the list. Saved states with no callback of that class here are ignored with a
+        warning. Returns the control to use.
+        """
+        missing = []
+        for name, data in saved.items():
+            states = data if isinstance(data, list) else [data]
+            if name == type(control).__name__:
+                control = _rebuilt(type(control), states[0])
+                continue
+            positions = [i for i, cb in enumerate(self.callbacks) if type(cb).__name__ == name]
+            if not positions:
+                missing.append(name)
+                continue
+            for index, state in zip(positions, states):
+                self.callbacks[index] = _rebuilt(type(self.callbacks[index]), state)
+            self._dispatch = {}
+        if missing:
+            log.warning("Checkpoint included callbacks not included in current configuration. Ignoring. (%s)",
+                        ", ".join(missing))
+        return control
 
     def pop_callback(self, callback: Any) -> Any | None:
         """Remove and return the callback (an instance, or the first of a class)."""
@@ -304,6 +364,9 @@ class CallbackHandler(TrainerCallback):
         control.should_save = False
         return self.call_event(Event.ON_SAVE, args, state, control)
 
+    def on_push_begin(self, args, state, control):
+        return self.call_event(Event.ON_PUSH_BEGIN, args, state, control)
+
     def on_log(self, args, state, control, logs):
         control.should_log = False
         return self.call_event(Event.ON_LOG, args, state, control, logs=logs)
@@ -359,11 +422,13 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-class PrinterCallback(TrainerCallback):
-    """Headless progress: one line per log (step/total, epoch, loss, LR, samples/s, ETA)
-    and one per evaluation. Prints on the main process only."""
+class ProgressCallback(TrainerCallback):
+    """Headless progress, the role HF's tqdm bars play: one line per log (step/total, epoch,
+    loss, LR, samples/s, ETA) and one per evaluation, on the main process only. It is the
+    default unless ``disable_tqdm``; ``max_str_len`` is accepted for HF compatibility."""
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(self, max_str_len: int = 100, stream: TextIO | None = None) -> None:
+        self.max_str_len = max_str_len
         self.stream = stream
         self._start: float | None = None
         self._start_step = 0
@@ -395,7 +460,7 @@ class PrinterCallback(TrainerCallback):
         done = state.global_step - self._start_step
         remaining = state.max_steps - state.global_step
         eta = elapsed / done * remaining if done > 0 else float("nan")
-        parts = [f"step {state.global_step}/{state.max_steps}", f"epoch {state.epoch or 0:.2f}"]
+        parts = [f"step {state.global_step}/{state.max_steps}", f"epoch {state.epoch:.2f}"]
         if "loss" in logs:
             parts.append(f"loss {logs['loss']:.4f}")
         if "learning_rate" in logs:
@@ -420,6 +485,24 @@ class PrinterCallback(TrainerCallback):
         self._write(f"eval @ step {state.global_step}: " + " | ".join(shown))
 
 
+class PrinterCallback(TrainerCallback):
+    """HF's bare printer: each log dict as it is (floats as ``.4g``, without total_flos), on
+    the local main process. The Trainer uses it instead of ProgressCallback with ``disable_tqdm``."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_local_process_zero or not logs:
+            return
+        shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in logs.items() if k != "total_flos"}
+        print(shown, flush=True)
+
+
+def _rebuilt(cls: type, state: dict[str, Any]) -> Any:
+    instance = cls(**state.get("args", {}))
+    for key, value in state.get("attributes", {}).items():
+        setattr(instance, key, value)
+    return instance
+
+
 class EarlyStoppingCallback(TrainerCallback, ExportableState):
     """Stops training when ``metric_for_best_model`` has not improved by more than
     ``early_stopping_threshold`` for ``early_stopping_patience`` evaluations."""
@@ -429,32 +512,38 @@ class EarlyStoppingCallback(TrainerCallback, ExportableState):
         self.early_stopping_threshold = early_stopping_threshold
         self.early_stopping_patience_counter = 0
 
+    def check_metric_value(self, args, state, control, metric_value: float) -> None:
+        """Count an evaluation without improvement (HF's rule): improving means beating
+        ``state.best_metric`` by more than the threshold; the first value always improves."""
+        best = state.best_metric
+        improved = best is None or (
+            (metric_value > best if args.greater_is_better else metric_value < best)
+            and abs(metric_value - best) > self.early_stopping_threshold)
+        if improved:
+            self.early_stopping_patience_counter = 0
+        else:
+            self.early_stopping_patience_counter += 1
+
     def on_train_begin(self, args, state, control, **kwargs):
         if args.metric_for_best_model is None:
             raise ValueError("EarlyStoppingCallback needs metric_for_best_model (for example 'loss')")
         if args.eval_strategy == "no":
             raise ValueError('EarlyStoppingCallback needs evaluations: set eval_strategy to "steps" or "epoch"')
+        if not args.load_best_model_at_end:
+            log.warning("Using EarlyStoppingCallback without load_best_model_at_end=True. "
+                        "Once training is finished, the best model will not be loaded automatically.")
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         name = args.metric_for_best_model
         key = name if name.startswith("eval_") else f"eval_{name}"
         value = (metrics or {}).get(key)
         if value is None:
+            log.warning("early stopping required metric_for_best_model, but did not find %s so early stopping "
+                        "is disabled", key)
             return
-        if self._last_best is None:
-            improved = True
-        else:
-            delta = value - self._last_best if args.greater_is_better else self._last_best - value
-            improved = delta > self.early_stopping_threshold
-        if improved:
-            self.early_stopping_patience_counter = 0
-            self._last_best = value
-        else:
-            self.early_stopping_patience_counter += 1
+        self.check_metric_value(args, state, control, value)
         if self.early_stopping_patience_counter >= self.early_stopping_patience:
             control.should_training_stop = True
-
-    _last_best: float | None = None
 
     def state(self) -> dict:
         return {
@@ -464,6 +553,5 @@ class EarlyStoppingCallback(TrainerCallback, ExportableState):
             },
             "attributes": {
                 "early_stopping_patience_counter": self.early_stopping_patience_counter,
-                "_last_best": self._last_best,
             },
         }

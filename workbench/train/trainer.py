@@ -29,6 +29,7 @@ from workbench.train.callbacks import (
     CallbackHandler,
     DefaultFlowCallback,
     PrinterCallback,
+    ProgressCallback,
     TrainerCallback,
     TrainerControl,
     TrainerState,
@@ -55,7 +56,10 @@ from workbench.train.trainer_utils import (
 
 log = logging.getLogger("workbench")
 
-__all__ = ["Trainer"]
+__all__ = ["Trainer", "DEFAULT_CALLBACKS"]
+
+# What every Trainer starts with, as in HF (progress, trackers and the JIT stop come on top).
+DEFAULT_CALLBACKS = [DefaultFlowCallback]
 
 
 def _make_accelerator(args: TrainingArguments):
@@ -204,9 +208,9 @@ class Trainer:
         # The rank agreement goes first: a rank waits out rank 0's pause before any other
         # callback sees the step begin.
         agreement = [self._rank_sync] if self._rank_sync is not None else []
-        defaults: list[Any] = [*agreement, DefaultFlowCallback, self._jit_callback, *reporting_callbacks(self.args)]
-        if not self.args.disable_tqdm:
-            defaults.append(PrinterCallback)
+        defaults: list[Any] = [*agreement, *DEFAULT_CALLBACKS, self._jit_callback, *reporting_callbacks(self.args)]
+        # As HF: the bare printer when progress bars are disabled, else the progress lines.
+        defaults.append(PrinterCallback if self.args.disable_tqdm else ProgressCallback)
         self.callback_handler = CallbackHandler(
             defaults + list(callbacks or []), self.model, processing_class, self.optimizer, self.lr_scheduler
         )

@@ -1,0 +1,196 @@
+"""Where an HF Trainer user can tell, workbench behaves as transformers' Trainer (issue 16).
+
+Each test pins HF's rule; where transformers is installed (the test extra has it) the test
+also runs transformers' own object side by side and compares.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from workbench import (
+    DEFAULT_CALLBACKS,
+    DefaultFlowCallback,
+    EarlyStoppingCallback,
+    PrinterCallback,
+    ProgressCallback,
+    Trainer,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+)
+from workbench.train.callbacks import CallbackHandler
+
+from conftest import StopAt, make_args
+
+try:
+    import transformers.trainer_callback as hf_callbacks
+except ImportError:  # the parity half of each test runs where transformers is installed
+    hf_callbacks = None
+
+
+
+class Regressor(torch.nn.Module):
+    loss_type = "ForSequenceClassification"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return {"logits": self.linear(x)}
+
+
+def data(n: int = 32) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [{"x": torch.randn(4, generator=g), "labels": torch.tensor(i % 2)} for i in range(n)]
+
+
+class Scripted(TrainerCallback):
+    """Replaces the eval metrics with a scripted score per step."""
+
+    def __init__(self, script: dict[int, float]) -> None:
+        self.script = script
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        metrics["eval_score"] = self.script[state.global_step]
+
+
+def trainer(out, callbacks=(), **overrides) -> Trainer:
+    torch.manual_seed(0)
+    args = make_args(out, per_device_train_batch_size=4, per_device_eval_batch_size=8, **overrides)
+    evals = data(8) if overrides.get("eval_strategy", "no") != "no" else None
+    return Trainer(model=Regressor(), args=args, train_dataset=data(), eval_dataset=evals, callbacks=list(callbacks))
+
+
+# -- 8. TrainerState.epoch ------------------------------------------------------------------
+
+
+def test_trainer_state_epoch_defaults_to_zero():
+    assert TrainerState().epoch == 0
+    assert int(TrainerState().epoch) == 0  # what HF callbacks do
+    if hf_callbacks is not None:
+        assert TrainerState().epoch == hf_callbacks.TrainerState().epoch
+
+
+# -- 9. hooks and exports -------------------------------------------------------------------
+
+
+HF_HOOKS = {"on_init_end", "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end", "on_step_begin",
+            "on_pre_optimizer_step", "on_optimizer_step", "on_substep_end", "on_step_end", "on_evaluate",
+            "on_predict", "on_save", "on_log", "on_prediction_step", "on_push_begin"}
+
+
+def test_every_hf_hook_exists_on_callbacks_and_the_handler():
+    hooks = HF_HOOKS
+    if hf_callbacks is not None:
+        hooks = {name for name in vars(hf_callbacks.CallbackHandler) if name.startswith("on_")}
+        assert HF_HOOKS <= hooks
+    for name in hooks:
+        assert callable(getattr(TrainerCallback, name)), name
+        assert callable(getattr(CallbackHandler, name)), name
+
+    class Pushed(TrainerCallback):
+        def on_push_begin(self, args, state, control, **kwargs):
+            control.should_log = True
+
+    handler = CallbackHandler([Pushed()], None, None, None, None)
+    assert handler.on_push_begin(None, TrainerState(), TrainerControl()).should_log
+
+
+def test_default_callbacks_and_the_progress_printer_have_hf_meanings(tmp_path, capsys):
+    assert DEFAULT_CALLBACKS == [DefaultFlowCallback]
+    shown = trainer(tmp_path / "a", max_steps=2, disable_tqdm=False)
+    kinds = [type(cb) for cb in shown.callback_handler.callbacks]
+    assert ProgressCallback in kinds and PrinterCallback not in kinds
+    # disable_tqdm: HF's bare printer, one dict per log, floats as .4g, without total_flos.
+    bare = trainer(tmp_path / "b", max_steps=2, disable_tqdm=True)
+    assert PrinterCallback in [type(cb) for cb in bare.callback_handler.callbacks]
+    capsys.readouterr()
+    bare.train()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert len(lines) == 3 and lines[0].startswith("{'loss': '") and "total_flos" not in lines[-1]
+    if hf_callbacks is not None:
+        hf_printer = hf_callbacks.PrinterCallback()
+        logs = dict(bare.state.log_history[0])
+        logs.pop("step")
+        hf_printer.on_log(bare.args, bare.state, bare.control, logs=dict(logs))
+        PrinterCallback().on_log(bare.args, bare.state, bare.control, logs=dict(logs))
+        hf_line, our_line = capsys.readouterr().out.splitlines()
+        assert our_line == hf_line
+
+
+def test_a_duplicate_callback_is_added_with_hf_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="workbench"):
+        handler = CallbackHandler([DefaultFlowCallback, EarlyStoppingCallback(2), EarlyStoppingCallback(3)],
+                                  None, None, None, None)
+    assert len(handler.callbacks) == 3
+    assert "You are adding a EarlyStoppingCallback to the callbacks of this Trainer, but there is already one" \
+        in caplog.text
+
+
+# -- 2. stateful callbacks ------------------------------------------------------------------
+
+
+def test_early_stopping_check_metric_value_follows_hf():
+    args = make_args("unused", metric_for_best_model="score", greater_is_better=True)
+    values = [0.5, 0.55, 0.56, 0.54, 0.7, 0.7]
+    ours = EarlyStoppingCallback(2, early_stopping_threshold=0.02)
+    counters, state = [], TrainerState()
+    theirs = hf_callbacks.EarlyStoppingCallback(2, early_stopping_threshold=0.02) if hf_callbacks else None
+    hf_counters, hf_state = [], (hf_callbacks.TrainerState() if hf_callbacks else None)
+    for value in values:
+        ours.check_metric_value(args, state, TrainerControl(), value)
+        counters.append(ours.early_stopping_patience_counter)
+        state.best_metric = value if state.best_metric is None else max(state.best_metric, value)
+        if theirs is not None:
+            theirs.check_metric_value(args, hf_state, hf_callbacks.TrainerControl(), value)
+            hf_counters.append(theirs.early_stopping_patience_counter)
+            hf_state.best_metric = state.best_metric
+    # 0.55 beats 0.5 by more than 0.02; 0.56 does not; 0.54 is worse; 0.7 beats 0.56; 0.7 ties.
+    assert counters == [0, 0, 1, 2, 0, 1]
+    if theirs is not None:
+        assert counters == hf_counters
+
+
+def test_stateful_callbacks_are_rebuilt_from_args_each_instance_and_the_control(tmp_path, caplog):
+    script = {s: 1.0 - 0.1 * s for s in range(1, 11)}  # only gets worse after step 1
+    options = dict(max_steps=10, eval_strategy="steps", eval_steps=1, metric_for_best_model="score",
+                   greater_is_better=True, save_strategy="steps", save_steps=100)
+    out = tmp_path / "run"
+    first = trainer(out, [Scripted(script), EarlyStoppingCallback(5), EarlyStoppingCallback(7, 0.5), StopAt(3)],
+                    **options)
+    first.train()
+    saved = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())["stateful_callbacks"]
+    # Two instances of one class: a list, in order, each with its own args and counter.
+    assert [s["args"]["early_stopping_patience"] for s in saved["EarlyStoppingCallback"]] == [5, 7]
+    assert [s["attributes"]["early_stopping_patience_counter"] for s in saved["EarlyStoppingCallback"]] == [2, 2]
+    assert saved["TrainerControl"]["args"]["should_save"] is True
+
+    seen = []
+
+    class Peek(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            seen.extend((cb.early_stopping_patience, cb.early_stopping_threshold, cb.early_stopping_patience_counter)
+                        for cb in resumed.callback_handler.callbacks if isinstance(cb, EarlyStoppingCallback))
+
+    # Resumed with default-argument instances: the checkpoint's args and counters come back.
+    resumed = trainer(out, [Peek(), Scripted(script), EarlyStoppingCallback(), EarlyStoppingCallback()],
+                      restore_callback_states_from_checkpoint=True, **options)
+    with caplog.at_level(logging.WARNING, logger="workbench"):
+        resumed.train(resume_from_checkpoint=str(out / "checkpoint-3"))
+    assert seen == [(5, 0.0, 2), (7, 0.5, 2)]
+    assert resumed.state.global_step == 6  # patience 5 with 2 already counted: steps 4, 5, 6 ...
+    assert "Checkpoint included callbacks" not in caplog.text
+
+    # A saved state whose callback is absent is ignored with HF's warning.
+    caplog.clear()
+    plain = trainer(out, [Scripted(script)], restore_callback_states_from_checkpoint=True, **options)
+    with caplog.at_level(logging.WARNING, logger="workbench"):
+        plain.train(resume_from_checkpoint=str(out / "checkpoint-3"))
+    assert "Checkpoint included callbacks not included in current configuration. Ignoring. (EarlyStoppingCallback)" \
+        in caplog.text
