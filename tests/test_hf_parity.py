@@ -194,3 +194,80 @@ def test_stateful_callbacks_are_rebuilt_from_args_each_instance_and_the_control(
         plain.train(resume_from_checkpoint=str(out / "checkpoint-3"))
     assert "Checkpoint included callbacks not included in current configuration. Ignoring. (EarlyStoppingCallback)" \
         in caplog.text
+
+
+# -- 1. the last step, and a resumed run's log_history ------------------------------------------
+
+
+FLOW_CASES = [
+    dict(max_steps=11, logging_steps=3, eval_steps=4, save_steps=5, eval_delay=0),
+    dict(max_steps=12, logging_steps=4, eval_steps=6, save_steps=6, eval_delay=0),
+    dict(max_steps=10, logging_steps=3, eval_steps=4, save_steps=7, eval_delay=9),
+    dict(max_steps=7, logging_steps=2, eval_steps=3, save_steps=3, eval_delay=8, logging_first_step=True),
+]
+
+
+@pytest.mark.parametrize("case", FLOW_CASES)
+def test_flow_decisions_at_every_step_match_hf(tmp_path, case):
+    case = dict(case)
+    max_steps = case.pop("max_steps")
+    args = make_args(tmp_path, eval_strategy="steps", save_strategy="steps", max_steps=max_steps, **case)
+    state = TrainerState(max_steps=max_steps)
+    state.compute_steps(args, max_steps)
+    ours = []
+    for step in range(1, max_steps + 1):
+        state.global_step = step
+        control = DefaultFlowCallback().on_step_end(args, state, TrainerControl())
+        ours.append((control.should_log, control.should_evaluate, control.should_save, control.should_training_stop))
+    # HF's rule, written out: the last step logs only on a logging step, evaluates unless it
+    # already does (eval_delay permitting), and saves with save_strategy "steps".
+    expected = []
+    for step in range(1, max_steps + 1):
+        log = (step == 1 and case.get("logging_first_step", False)) or step % case["logging_steps"] == 0
+        evaluate = step % case["eval_steps"] == 0 and case["eval_delay"] <= step
+        save = step % case["save_steps"] == 0
+        last = step >= max_steps
+        if last:
+            evaluate = evaluate or (step % case["eval_steps"] != 0 and case["eval_delay"] <= step)
+            save = True
+        expected.append((log, evaluate, save, last))
+    assert ours == expected
+    if hf_callbacks is not None:
+        hf_state = hf_callbacks.TrainerState(max_steps=max_steps)
+        hf_state.compute_steps(args, max_steps)
+        theirs = []
+        for step in range(1, max_steps + 1):
+            hf_state.global_step = step
+            c = hf_callbacks.DefaultFlowCallback().on_step_end(args, hf_state, hf_callbacks.TrainerControl())
+            theirs.append((c.should_log, c.should_evaluate, c.should_save, c.should_training_stop))
+        assert ours == theirs
+
+
+def _comparable(history: list[dict]) -> list[dict]:
+    """log_history without the timing metrics and without the train summary (whose train_loss,
+    as in HF, covers the steps of that train() call only)."""
+    from workbench.train.metric_keys import is_timing_metric
+
+    return [{k: v for k, v in entry.items() if not is_timing_metric(k)} for entry in history
+            if "train_runtime" not in entry]
+
+
+@pytest.mark.parametrize("nan_filter", [True, False])
+def test_a_resumed_run_logs_exactly_what_an_uninterrupted_one_logs(tmp_path, nan_filter):
+    # logging every 3 steps; the checkpoint at step 5 and max_steps 11 are not logging steps,
+    # so the resume happens mid-window and the run ends mid-window.
+    options = dict(max_steps=11, logging_steps=3, eval_strategy="steps", eval_steps=4, save_strategy="steps",
+                   save_steps=5, logging_nan_inf_filter=nan_filter)
+    whole = trainer(tmp_path / "whole", **options)
+    whole.train()
+    cut = trainer(tmp_path / "cut", [StopAt(5)], **options)
+    cut.train()
+    assert cut.state.global_step == 5
+    resumed = trainer(tmp_path / "cut", **options)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "cut" / "checkpoint-5"))
+    expected = _comparable(whole.state.log_history)
+    assert [e["step"] for e in expected if "loss" in e] == [3, 6, 9]  # step 11 is not a logging step
+    assert [e["step"] for e in expected if "eval_loss" in e] == [4, 8, 11]  # the last step evaluates
+    assert _comparable(resumed.state.log_history) == expected
+    saved = json.loads((tmp_path / "cut" / "checkpoint-5" / "trainer_state.json").read_text())
+    assert saved["loss_window"]["since_step"] == 3 and len(saved["loss_window"]["losses"]) == 2

@@ -421,6 +421,8 @@ def save_checkpoint(trainer: "Trainer") -> Path | None:
     if state.best_global_step == step:
         state.best_model_checkpoint = str(Path(args.output_dir) / name)
     state.stateful_callbacks = trainer.callback_handler.export_states(trainer.control)
+    export_window = getattr(trainer, "_export_loss_window", None)
+    state.loss_window = export_window() if export_window is not None else None
     contents = CheckpointContents.capture(trainer)
 
     keep = {Path(state.best_model_checkpoint).name} if state.best_model_checkpoint else set()

@@ -101,6 +101,9 @@ class TrainerState:
     stateful_callbacks: dict[str, Any] = field(default_factory=dict)
     # workbench: live hyperparameter edits applied during the run, replayed on resume.
     live_edits: list[dict[str, Any]] = field(default_factory=list)
+    # workbench: the training loss not yet logged (since step ``since_step``), so a resumed
+    # run logs the same values as an uninterrupted one.
+    loss_window: dict[str, Any] | None = None
 
     def to_json_string(self) -> str:
         """The state as indented JSON (what ``save_to_json`` writes)."""
@@ -397,10 +400,11 @@ class DefaultFlowCallback(TrainerCallback):
             control.should_save = True
         if step >= state.max_steps:
             control.should_training_stop = True
-            # The last step always logs; with save_strategy "steps" it also saves (as HF).
-            # "epoch" saves in on_epoch_end, which the loop calls after this last step, so
-            # saving here too would write the same checkpoint twice.
-            control.should_log = control.should_log or args.logging_strategy != "no"
+            # HF's last step: evaluate unless this step already does (eval_delay permitting), and
+            # save with save_strategy "steps"; it logs only if it is a logging step (the rest
+            # of the loss goes into train_loss). "epoch" saves in on_epoch_end, right after.
+            if args.eval_strategy == "steps" and not _due(step, state.eval_steps) and args.eval_delay <= step:
+                control.should_evaluate = True
             if args.save_strategy == "steps":
                 control.should_save = True
         return control

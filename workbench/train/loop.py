@@ -139,6 +139,9 @@ class TrainingLoop:
         self.window = LossWindow(acc.device, args.logging_nan_inf_filter)
         self.total_loss = 0.0
         self.last_logged = state.global_step
+        if checkpoint is not None:
+            self._restore_window(state.loss_window)
+        trainer._export_loss_window = self._export_window  # every save, wherever it is asked for
         self.grad_norm: torch.Tensor | None = None
         self._tokens = torch.zeros((), dtype=torch.long, device=acc.device)
         trainer._memory_stage("train", start=True)
@@ -313,6 +316,35 @@ class TrainingLoop:
             save_checkpoint(trainer)
             trainer.control = trainer.callback_handler.on_save(args, state, trainer.control)
 
+    def _export_window(self) -> dict[str, Any]:
+        """The loss not logged yet, for a checkpoint. With several processes (a collective:
+        every rank saves) the ranks' sums are averaged as at a logging point and kept whole
+        on rank 0, scaled so that the next log's mean over ranks comes out the same."""
+        acc = self.accelerator
+        if acc.num_processes > 1:
+            total = acc.gather(self.window.total().reshape(1)).mean()
+            carried = float(total) * acc.num_processes if acc.is_main_process else 0.0
+            saved = {"folded": carried, "losses": [], "steps": [], "dtype": "float32"}
+        else:
+            saved = self.window.export()
+        return {**saved, "since_step": self.last_logged}
+
+    def _restore_window(self, saved: dict[str, Any] | None) -> None:
+        """Continue the window a checkpoint carried; train_loss stays over this run's steps (HF)."""
+        state = self.trainer.state
+        if not saved or saved.get("since_step") is None or not 0 <= saved["since_step"] <= state.global_step:
+            return
+        acc = self.accelerator
+        if acc.num_processes > 1 and not acc.is_main_process:
+            saved = {**saved, "folded": 0.0}
+        self.window.restore(saved)
+        self.last_logged = int(saved["since_step"])
+        carried = self.window.total()
+        if acc.num_processes > 1:
+            carried = acc.gather(carried.reshape(1)).mean()
+        # The first log after the resume adds the carried loss to total_loss: start below zero.
+        self.total_loss = -float(carried)
+
     def _sync_tokens(self) -> None:
         if self.args.include_num_input_tokens_seen == "no":
             return
@@ -325,6 +357,7 @@ class TrainingLoop:
     def _finish(self, start_time: float, start_step: int) -> TrainOutput:
         trainer, args = self.trainer, self.args
         state = trainer.state
+        trainer._export_loss_window = None
         # Fold in loss not yet logged, so train_loss covers every step.
         steps_run = max(state.global_step - start_step, 1)
         remaining = self.window.total().item() if state.global_step > self.last_logged else 0.0

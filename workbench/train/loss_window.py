@@ -15,6 +15,8 @@ Long windows (logging every few thousand steps, or never) are folded into ``S0``
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 __all__ = ["LossWindow"]
@@ -69,3 +71,20 @@ class LossWindow:
 
     def __bool__(self) -> bool:
         return bool(self._losses)
+
+    def export(self) -> dict[str, Any]:
+        """The window as plain numbers, for a checkpoint (a host sync: saves are sync points).
+
+        The entries are kept one by one, not summed, so a resumed run reduces exactly the
+        same values in the same order as an uninterrupted one: its next logged loss is equal.
+        """
+        dtype = self._losses[0].dtype if self._losses else self._folded.dtype
+        return {"folded": float(self._folded), "losses": [float(v) for v in self._losses],
+                "steps": list(self._steps), "dtype": str(dtype).removeprefix("torch.")}
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Put back what :meth:`export` wrote (the same dtypes, so the reductions match)."""
+        dtype = getattr(torch, saved.get("dtype", "float32"), torch.float32)
+        self._folded = torch.tensor(saved.get("folded", 0.0), dtype=self._folded.dtype, device=self.device)
+        self._losses = [torch.tensor(v, dtype=dtype, device=self.device) for v in saved.get("losses", [])]
+        self._steps = [int(k) for k in saved.get("steps", [])]

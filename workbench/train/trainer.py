@@ -186,6 +186,8 @@ class Trainer:
         # auto_find_batch_size retry) for that run's step count, as HF does.
         self._created_lr_scheduler = False
         self._train_batch_size = self.args.train_batch_size
+        # Set by the training loop while it runs: the unlogged loss for a checkpoint.
+        self._export_loss_window: Callable[[], dict[str, Any]] | None = None
 
         from workbench.train.tracking import reporting_callbacks
 
