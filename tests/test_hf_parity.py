@@ -271,3 +271,56 @@ def test_a_resumed_run_logs_exactly_what_an_uninterrupted_one_logs(tmp_path, nan
     assert _comparable(resumed.state.log_history) == expected
     saved = json.loads((tmp_path / "cut" / "checkpoint-5" / "trainer_state.json").read_text())
     assert saved["loss_window"]["since_step"] == 3 and len(saved["loss_window"]["losses"]) == 2
+
+
+# -- 7. save_strategy="best" needs a metric ------------------------------------------------------
+
+
+def test_save_strategy_best_without_a_metric_is_a_value_error_at_construction(tmp_path):
+    args = make_args(tmp_path, eval_strategy="steps", eval_steps=2, save_strategy="best")
+    assert args.metric_for_best_model is None  # not silently "loss"
+    with pytest.raises(ValueError, match="metric_for_best_model` must be provided when using 'best' save_strategy"):
+        Trainer(model=Regressor(), args=args, train_dataset=data(), eval_dataset=data(8))
+    # load_best_model_at_end implies "loss", as in HF.
+    implied = make_args(tmp_path, eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=2,
+                        load_best_model_at_end=True)
+    assert implied.metric_for_best_model == "loss" and implied.greater_is_better is False
+    if hf_callbacks is not None:
+        import transformers
+
+        hf_args = transformers.TrainingArguments(str(tmp_path / "hf"), eval_strategy="steps", eval_steps=2,
+                                                 save_strategy="best", report_to="none", use_cpu=True)
+        assert hf_args.metric_for_best_model is None
+        with pytest.raises(ValueError, match="metric_for_best_model` must be provided"):
+            transformers.Trainer(model=Regressor(), args=hf_args, train_dataset=data(), eval_dataset=data(8))
+
+
+# -- 3. label smoothing with a multi-label model ------------------------------------------------
+
+
+@pytest.mark.skipif(hf_callbacks is None, reason="needs transformers (a model built from a config)")
+def test_label_smoothing_is_disabled_for_multi_label_classification_as_in_hf(tmp_path):
+    import copy
+
+    import transformers
+
+    config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, num_labels=3, problem_type="multi_label_classification",
+                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config)
+    g = torch.Generator().manual_seed(1)
+    rows = [{"input_ids": torch.randint(1, 50, (6,), generator=g),
+             "labels": (torch.rand(3, generator=g) > 0.5).float()} for _ in range(4)]
+    options = dict(max_steps=3, per_device_train_batch_size=4, label_smoothing_factor=0.1, learning_rate=1e-2,
+                   report_to="none", save_strategy="no", logging_steps=1, use_cpu=True, seed=0)
+    with pytest.warns(UserWarning, match="Label smoothing is not compatible with multi-label classification"):
+        ours = Trainer(model=copy.deepcopy(model), args=make_args(tmp_path / "ours", **options), train_dataset=rows)
+    ours.train()  # before: "Expected input batch_size (4) to match target batch_size (12)"
+    ours_losses = [e["loss"] for e in ours.state.log_history if "loss" in e]
+    hf_args = transformers.TrainingArguments(str(tmp_path / "hf"), disable_tqdm=True, **options)
+    with pytest.warns(UserWarning, match="Label smoothing is not compatible with multi-label classification"):
+        theirs = transformers.Trainer(model=copy.deepcopy(model), args=hf_args, train_dataset=rows)
+    theirs.train()
+    hf_losses = [e["loss"] for e in theirs.state.log_history if "loss" in e]
+    assert len(ours_losses) == 3 and ours_losses == pytest.approx(hf_losses, rel=1e-4)

@@ -23,7 +23,7 @@ from workbench import Trainer, TrainerCallback, TrainingArguments
 from workbench.train.args import ArgumentError
 from workbench.data.builtin import TensorDictDataset, load_builtin_data
 from workbench.models import MLPClassifier, TinyGPT
-from conftest import make_args
+from conftest import StopAt, make_args
 
 VOCAB = 40
 SEQ = 10
@@ -607,6 +607,29 @@ def test_auto_find_batch_size_retries_with_a_smaller_batch(tmp_path):
     assert update_norm(before, model) > 0
     # The LR schedule spans the retried run's 8 steps (not the 2 planned for batch 16).
     assert [e["learning_rate"] for e in train_logs(trainer)] == pytest.approx([0.1 * (1 - s / 8) for s in range(1, 9)])
+
+
+def test_auto_find_batch_size_resumes_with_the_batch_size_it_settled_on(tmp_path):
+    # As HF: trainer_state.json keeps the batch size that worked, and a resume starts there
+    # instead of failing down from per_device_train_batch_size again.
+    train, _ = class_data(n=32)
+    options = dict(auto_find_batch_size=True, per_device_train_batch_size=16, num_train_epochs=1, optim="sgd",
+                   learning_rate=0.1, save_strategy="steps", save_steps=4)
+    first = Trainer(mlp(cls=OOMAbove4), make_args(tmp_path, **options), train_dataset=train,
+                    callbacks=[StopAt(4)])
+    first.train()
+    assert json.loads((tmp_path / "checkpoint-4" / "trainer_state.json").read_text())["train_batch_size"] == 4
+    seen: list[int] = []
+
+    class Recording(OOMAbove4):
+        def forward(self, x, labels=None, num_items_in_batch=None, **kwargs):
+            seen.append(x.size(0))
+            return super().forward(x, labels, num_items_in_batch)
+
+    resumed = Trainer(mlp(cls=Recording), make_args(tmp_path, **options), train_dataset=train)
+    resumed.train(resume_from_checkpoint=True)
+    assert seen and set(seen) == {4}  # no batch of 16 or 8 was tried
+    assert resumed.state.train_batch_size == 4 and resumed.state.global_step == 8
 
 
 def test_without_auto_find_batch_size_the_oom_propagates(tmp_path):

@@ -398,7 +398,10 @@ class TrainingArguments:
     def _validate_eval_and_save(self) -> None:
         if self.eval_strategy == "steps" and self.eval_steps is None:
             self.eval_steps = self.logging_steps
-        if self.metric_for_best_model is None and (self.load_best_model_at_end or self.save_strategy == "best"):
+        # As HF: "loss" is implied by load_best_model_at_end (and a plateau schedule) only;
+        # save_strategy="best" without a metric is the Trainer's ValueError.
+        if self.metric_for_best_model is None and (self.load_best_model_at_end
+                                                   or self.lr_scheduler_type == "reduce_lr_on_plateau"):
             self.metric_for_best_model = "loss"
         if self.greater_is_better is None and self.metric_for_best_model is not None:
             self.greater_is_better = not self.metric_for_best_model.endswith("loss")

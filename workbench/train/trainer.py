@@ -15,6 +15,7 @@ import os
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,9 @@ class Trainer:
         self.compute_loss_func = compute_loss_func
         self.compute_metrics = compute_metrics
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        if self.args.save_strategy == "best" and self.args.metric_for_best_model is None:
+            raise ValueError("`args.metric_for_best_model` must be provided when using 'best' save_strategy or if "
+                             "`args.load_best_model_at_end` is set to `True`.")
         if eval_dataset is None and (self.args.eval_strategy != "no" or self.args.eval_on_start):
             setting = "eval_on_start" if self.args.eval_on_start else f"eval_strategy={self.args.eval_strategy!r}"
             raise ValueError(f"{setting} needs an eval_dataset: pass one to Trainer, or set eval_strategy to \"no\"")
@@ -248,6 +252,14 @@ class Trainer:
         else:
             self.label_names = [n for n in params if "label" in n] or ["labels"]
         self.can_return_loss = self._model_takes_labels
+        self.label_smoothing = self.args.label_smoothing_factor
+        config = getattr(model, "config", None)
+        problem = config.get("problem_type") if isinstance(config, dict) else getattr(config, "problem_type", None)
+        if self.label_smoothing and problem == "multi_label_classification":
+            # As HF: smoothing is defined over classes of one label, not independent binary ones.
+            warnings.warn("Label smoothing is not compatible with multi-label classification. "
+                          "Disabling label smoothing for this training run.", UserWarning, stacklevel=3)
+            self.label_smoothing = 0.0
 
     def call_model_init(self, trial: Any = None) -> nn.Module:
         """Build a model with ``model_init`` (it may take the trial or nothing)."""
@@ -462,7 +474,7 @@ class Trainer:
         """Whether compute_loss takes the labels out and computes the loss itself."""
         return "labels" in inputs and (
             self.compute_loss_func is not None
-            or self.args.label_smoothing_factor > 0
+            or self.label_smoothing > 0
             or not self._model_takes_labels
         )
 
@@ -513,7 +525,7 @@ class Trainer:
                 f"cannot pick a default loss for {type(unwrap_model(self.model)).__name__}: "
                 f"set model.loss_type to one of {', '.join(losses.LOSS_MAPPING)} or pass compute_loss_func"
             )
-        return loss_fn(logits, labels, num_items_in_batch=num_items, label_smoothing=self.args.label_smoothing_factor)
+        return loss_fn(logits, labels, num_items_in_batch=num_items, label_smoothing=self.label_smoothing)
 
     def _loss_is_normalized(self, inputs: dict[str, Any], labels: Any) -> bool:
         if self.compute_loss_func is not None:
@@ -616,6 +628,8 @@ class Trainer:
 
             # Training only: the hook checks module.training, and is removed when train() ends.
             self.neftune_hook_handle = activate_neftune(self.model, self.args.neftune_noise_alpha)
+        if resume_from_checkpoint and self.args.auto_find_batch_size:
+            self._restore_found_batch_size(resume_from_checkpoint)
         try:
             # One writer per output_dir: rank 0 holds its lock while training (outdir_lock.py).
             with hold_output_dir(self.args.output_dir) if self.is_world_process_zero() else contextlib.nullcontext():
@@ -644,6 +658,25 @@ class Trainer:
                 self.neftune_hook_handle = None
             if restore is not None:
                 restore()
+
+    def _restore_found_batch_size(self, resume_from_checkpoint: str | bool) -> None:
+        """With auto_find_batch_size, a resume starts from the batch size the checkpoint's run
+        settled on (trainer_state.json ``train_batch_size``), as HF does, not from the top again."""
+        from workbench.checkpoint.store import CheckpointStore
+
+        if resume_from_checkpoint is True:
+            complete = [c for c in CheckpointStore(self.args.output_dir).list() if c.complete]
+            if not complete:
+                return  # the loop raises HF's "No valid checkpoint found"
+            folder = Path(complete[-1].path)
+        else:
+            folder = Path(resume_from_checkpoint)
+        try:
+            saved = TrainerState.load_from_json(str(folder / "trainer_state.json")).train_batch_size
+        except (OSError, ValueError):
+            return  # the loop reports an unreadable checkpoint
+        if saved:
+            self._train_batch_size = int(saved)
 
     def evaluate(self, eval_dataset: Dataset | dict[str, Dataset] | str | None = None,
                  ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> dict[str, float]:
