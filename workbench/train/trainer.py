@@ -2,7 +2,8 @@
 
 This class holds the objects of a run and the methods users override (compute_loss,
 training_step, prediction_step, create_optimizer, ...). The loops live in loop.py and
-evaluation.py, checkpoint files in checkpoints.py, so each piece stays readable.
+evaluation.py, checkpoint files in checkpoint/store.py, the Accelerator set-up in
+accelerator_setup.py, so each piece stays readable.
 """
 
 from __future__ import annotations
@@ -43,73 +44,13 @@ from workbench.data.samplers import (
     dataset_lengths,
 )
 from workbench.checkpoint.lock import hold_output_dir
+from workbench.train.accelerator_setup import check_sharding, make_accelerator
 from workbench.distributed.signals import JITCheckpointCallback, StopRequest, install_stop_handlers
 from workbench.train.trainer_utils import PredictionOutput, TrainOutput, has_length, set_seed, unwrap_model
 
 log = logging.getLogger("workbench")
 
 __all__ = ["Trainer"]
-
-
-def _make_accelerator(args: TrainingArguments):
-    """An Accelerator configured from the arguments (fresh state for each Trainer)."""
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
-    from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs
-
-    from workbench.distributed.world import distributed_state, wants_cpu
-
-    # The distributed state first, made once with these arguments (world.py says why); then
-    # a fresh AcceleratorState, as a new Trainer may want another precision.
-    distributed_state(args)
-    AcceleratorState._reset_state()
-    config = dict(args.accelerator_config or {})
-    dataloader_config = DataLoaderConfiguration(
-        split_batches=config.pop("split_batches", False),
-        dispatch_batches=config.pop("dispatch_batches", None),
-        even_batches=config.pop("even_batches", True),
-        non_blocking=config.pop("non_blocking", False),
-    )
-    if config:
-        raise ValueError(f"accelerator_config: unknown keys {sorted(config)}; accepted: split_batches, "
-                         "dispatch_batches, even_batches, non_blocking")
-    ddp = {k: getattr(args, f"ddp_{k}") for k in ("find_unused_parameters", "bucket_cap_mb",
-                                                   "broadcast_buffers", "static_graph")}
-    ddp = {k: v for k, v in ddp.items() if v is not None}
-    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
-    from datetime import timedelta
-
-    from accelerate.utils import InitProcessGroupKwargs
-
-    from workbench.distributed.sharding import accelerator_plugins
-
-    handlers: list[Any] = [DistributedDataParallelKwargs(**ddp)] if ddp else []
-    if args.ddp_backend is not None or args.ddp_timeout != 1800:
-        group = {"timeout": timedelta(seconds=args.ddp_timeout)}
-        if args.ddp_backend is not None:
-            group["backend"] = args.ddp_backend
-        handlers.append(InitProcessGroupKwargs(**group))
-    return Accelerator(
-        mixed_precision=precision,
-        cpu=wants_cpu(args),
-        dataloader_config=dataloader_config,
-        step_scheduler_with_optimizer=False,
-        kwargs_handlers=handlers or None,
-        **accelerator_plugins(args),
-    )
-
-
-def _check_sharding(trainer: "Trainer") -> None:
-    """Accelerate quietly falls back to DDP where it cannot shard; say so instead."""
-    from workbench.train.args import ArgumentError
-    from workbench.checkpoint.state_dicts import is_fsdp
-
-    if trainer.args.fsdp and not is_fsdp(trainer):
-        kind = trainer.accelerator.distributed_type.value
-        raise ArgumentError("fsdp", f"Accelerate did not start FSDP here (this run is {kind}, "
-                                    f"{trainer.accelerator.num_processes} process(es)): FSDP needs several processes "
-                                    "on GPUs or other accelerators (Accelerate does not shard on CPU ranks); "
-                                    "launch with --num-processes N on such a machine, or unset fsdp")
 
 
 class Trainer:
@@ -138,8 +79,8 @@ class Trainer:
     ) -> None:
         self.args = args if args is not None else TrainingArguments("tmp_trainer")
         set_seed(self.args.seed, deterministic=self.args.full_determinism)
-        self.accelerator = _make_accelerator(self.args)
-        _check_sharding(self)
+        self.accelerator = make_accelerator(self.args)
+        check_sharding(self)
         self._host_device = self.accelerator.device.type == "cpu"  # read per step; the property is not free
         self._memory = None
         if not self.args.skip_memory_metrics:
