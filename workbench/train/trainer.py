@@ -271,20 +271,19 @@ class Trainer:
             raise ValueError("Trainer.train needs a train_dataset")
         dataset = self.train_dataset
         sampler = self._get_train_sampler(dataset)
-        self._train_sampler = sampler
-        # The loader draws its worker base seed from this generator, not the global RNG, so
-        # starting an iterator (also mid-run, on resume) never shifts dropout or other draws.
-        self._train_loader_generator = torch.Generator()
-        self._train_collator = self._collator_for(dataset, "training")  # the loop calls its set_epoch
         if isinstance(sampler, BatchRebalanceSampler):
             batching: dict[str, Any] = {"batch_sampler": sampler}  # sizes vary: it batches itself
         else:
             batching = {"batch_size": self._train_batch_size, "sampler": sampler,
                         "drop_last": self.args.dataloader_drop_last}
+        # The loop starts each epoch through the returned loader alone (its samplers' and
+        # collator's set_epoch, its generator re-seeded: samplers.start_loader_epoch). The
+        # worker base seed comes from this generator, not the global RNG, so starting an
+        # iterator (also mid-run, on resume) never shifts dropout or other draws.
         loader = DataLoader(
             dataset,
-            generator=self._train_loader_generator,
-            collate_fn=self._train_collator,
+            generator=torch.Generator(),
+            collate_fn=self._collator_for(dataset, "training"),
             **batching,
             **self._loader_kwargs(),
         )
