@@ -46,7 +46,14 @@ from workbench.data.samplers import (
 from workbench.checkpoint.lock import hold_output_dir
 from workbench.train.accelerator_setup import check_sharding, make_accelerator
 from workbench.distributed.signals import JITCheckpointCallback, StopRequest, install_stop_handlers
-from workbench.train.trainer_utils import PredictionOutput, TrainOutput, has_length, set_seed, unwrap_model
+from workbench.train.trainer_utils import (
+    EvalLoopOutput,
+    PredictionOutput,
+    TrainOutput,
+    has_length,
+    set_seed,
+    unwrap_model,
+)
 
 log = logging.getLogger("workbench")
 
@@ -333,10 +340,13 @@ class Trainer:
         """Parameters that get weight decay (not biases, not norm weights)."""
         return sorted(decay_parameter_names(model))
 
-    def create_optimizer(self) -> torch.optim.Optimizer:
-        """The optimizer from ``args.optim`` (or optimizer_cls_and_kwargs), decay groups applied."""
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """The optimizer from ``args.optim`` (or optimizer_cls_and_kwargs), decay groups applied.
+
+        ``model`` (HF's signature) optimizes another module than the Trainer's.
+        """
         if self.optimizer is None:
-            model = unwrap_model(self.model)
+            model = unwrap_model(model if model is not None else self.model)
             groups = parameter_groups(model, self.args.weight_decay)
             cls, kwargs = self.optimizer_cls_and_kwargs or get_optimizer_cls_and_kwargs(self.args)
             self.optimizer = cls(groups, **kwargs)
@@ -575,6 +585,14 @@ class Trainer:
         from workbench.train.evaluation import evaluate
 
         return evaluate(self, eval_dataset, ignore_keys, metric_key_prefix)
+
+    def evaluation_loop(self, dataloader: DataLoader, description: str, prediction_loss_only: bool | None = None,
+                        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
+        """Run the model over ``dataloader`` (each batch through ``prediction_step``) and compute
+        the metrics; evaluate() and predict() both go through here, as in HF."""
+        from workbench.train.evaluation import evaluation_loop
+
+        return evaluation_loop(self, dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
 
     def predict(self, test_dataset: Dataset, ignore_keys: list[str] | None = None,
                 metric_key_prefix: str = "test") -> PredictionOutput:
