@@ -615,12 +615,19 @@ class Trainer:
         self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save the weights as safetensors (and the processing class) to ``output_dir``."""
+        """Save the weights as safetensors (and the processing class) to ``output_dir``.
+
+        Every process calls it (FSDP gathers the weights collectively); rank 0 writes.
+        Checkpoints call an override with ``_internal_call=True``, as HF's _save_checkpoint
+        does (checkpoint/store.py: save_checkpoint says when).
+        """
+        from workbench.checkpoint.state_dicts import capture_model_state, is_fsdp
         from workbench.checkpoint.store import save_model_files
 
         target = Path(output_dir or self.args.output_dir)
+        state = capture_model_state(self) if is_fsdp(self) else None  # None: the model's own weights
         if self.accelerator.is_main_process:
-            save_model_files(unwrap_model(self.model), target, self.processing_class)
+            save_model_files(unwrap_model(self.model), target, self.processing_class, state=state)
             (target / "training_args.json").write_text(self.args.to_json_string() + "\n", encoding="utf-8")
         self.accelerator.wait_for_everyone()
 
