@@ -32,6 +32,7 @@ from workbench.train.callbacks import EarlyStoppingCallback
 from workbench.checkpoint.store import CheckpointStore, save_checkpoint, save_model_files
 from workbench.cli import main as cli_main
 from workbench.data.builtin import TensorDictDataset
+from workbench.data.samplers import EpochRandomSampler, loader_samplers
 from workbench.models import TinyGPT
 
 from conftest import StopAt
@@ -183,7 +184,7 @@ def test_resume_mid_epoch_shuffle_dropout_workers_is_bitwise_identical(tmp_path)
     resumed = run(tmp_path / "cut", resume=str(tmp_path / "cut" / "checkpoint-15"), model_seed=3, **options)
     assert_same_run(full, resumed)
     # the shuffle really differs between epochs (the resumed epoch is not a replay of epoch 0)
-    sampler = resumed._train_sampler
+    sampler = next(s for s in loader_samplers(resumed.get_train_dataloader()) if isinstance(s, EpochRandomSampler))
     sampler.set_epoch(0)
     first = list(iter(sampler))
     sampler.set_epoch(1)

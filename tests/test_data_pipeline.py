@@ -768,6 +768,7 @@ from torch.utils.data import Dataset
 from workbench import Trainer, TrainingArguments
 from workbench.data.collators import DataCollatorForLanguageModeling
 from workbench.data.builtin import CharTokenizer
+from workbench.data.samplers import start_loader_epoch
 from workbench.models import TinyGPT
 
 out = sys.argv[1]
@@ -794,7 +795,7 @@ model = TinyGPT(vocab_size=99, n_layer=1, n_head=2, n_embd=16, block_size=32)
 trainer = Trainer(model=model, args=args(max_steps=1, remove_unused_columns=False), train_dataset=Rows(),
                   data_collator=record)
 loader = trainer.get_train_dataloader()
-trainer._train_sampler.set_epoch(0)
+start_loader_epoch(loader, 0, trainer.args.seed)
 batches = [{"idx": b["idx"].tolist(), "cost": int(b["cost"])} for b in loader]
 lm = DataCollatorForLanguageModeling(CharTokenizer(), mlm=False)
 trainer = Trainer(model=model, args=args(max_steps=4), train_dataset=Rows(), data_collator=lm)

@@ -331,7 +331,7 @@ import workbench.train.loop as loop
 import workbench.train.trainer as trainer_module
 from workbench.distributed.sharding import _fsdp_plugin
 
-make_accelerator = trainer_module._make_accelerator
+make_accelerator = trainer_module.make_accelerator
 
 def forced_fsdp(args):
     # Accelerate 1.15 shards only on accelerators and silently uses DDP on CPU ranks; put
@@ -350,7 +350,7 @@ def recording_wrap(self):
     Path(os.environ["PARAM_KIND"]).write_text(type(next(model.parameters())).__name__)
     return model
 
-trainer_module._make_accelerator = forced_fsdp
+trainer_module.make_accelerator = forced_fsdp
 loop.TrainingLoop._wrap_model = recording_wrap
 from workbench.cli import main
 sys.exit(main(sys.argv[1:]))

@@ -48,6 +48,7 @@ __all__ = [
     "load_best_model",
     "save_model_files",
     "load_model_files",
+    "model_saved_by_override",
     "MANIFEST",
 ]
 
@@ -369,7 +370,7 @@ class CheckpointContents:
     that must happen at the step boundary; writing can follow later (or elsewhere)."""
 
     step: int
-    model: torch.nn.Module
+    model: torch.nn.Module | None  # None: an overriding Trainer.save_model wrote the weights
     processing_class: Any
     weights: dict[str, torch.Tensor] | None  # None on ranks other than 0
     optimizer: dict[str, Any] | None
@@ -380,17 +381,21 @@ class CheckpointContents:
     training_args: str
 
     @classmethod
-    def capture(cls, trainer: "Trainer") -> "CheckpointContents":
-        """Copy the run's state to host memory (a collective under FSDP: every rank calls it)."""
+    def capture(cls, trainer: "Trainer", with_model: bool = True) -> "CheckpointContents":
+        """Copy the run's state to host memory (a collective under FSDP: every rank calls it).
+
+        ``with_model=False`` leaves the weights (and processing class) out, for a checkpoint
+        whose model files the Trainer's own ``save_model`` writes.
+        """
         args, acc = trainer.args, trainer.accelerator
         main = acc.is_main_process
-        weights = capture_model_state(trainer)
+        weights = capture_model_state(trainer) if with_model else None
         full = not args.save_only_model
         optimizer = capture_optimizer_state(trainer) if full else None
         scaler = getattr(acc, "scaler", None)
         return cls(
             step=trainer.state.global_step,
-            model=unwrap_model(trainer.model),
+            model=unwrap_model(trainer.model) if with_model else None,
             processing_class=trainer.processing_class,
             weights=weights,
             optimizer=optimizer,
@@ -403,7 +408,8 @@ class CheckpointContents:
 
     def write(self, directory: Path) -> None:
         """Write the files of the checkpoint into ``directory`` (rank 0's part)."""
-        save_model_files(self.model, directory, self.processing_class, state=self.weights)
+        if self.model is not None:
+            save_model_files(self.model, directory, self.processing_class, state=self.weights)
         for name, value in (("optimizer.pt", self.optimizer), ("scheduler.pt", self.scheduler),
                             ("scaler.pt", self.scaler), ("rng_state.pth", self.rng)):
             if value is not None:
@@ -412,8 +418,28 @@ class CheckpointContents:
         (directory / "training_args.json").write_text(self.training_args, encoding="utf-8")
 
 
+def model_saved_by_override(trainer: "Trainer") -> bool:
+    """Whether the Trainer's class overrides ``save_model`` (checked at each save, not per step).
+
+    The rule for a checkpoint's model files, as HF's ``_save_checkpoint`` (which calls
+    ``self.save_model(output_dir, _internal_call=True)``): an overriding ``save_model`` is
+    called with the checkpoint's folder, on every process, at the step boundary, and writes
+    them. The built-in ``save_model`` is not called: the checkpoint writes the same files
+    itself, from host copies taken at the boundary, so ``save_async`` can write them later.
+    """
+    # The class that defines save_model, found without importing the Trainer (the store
+    # sits below it in the import graph).
+    owner = next((c for c in type(trainer).__mro__ if "save_model" in vars(c)), None)
+    return owner is not None and owner.__module__ != "workbench.train.trainer"
+
+
 def save_checkpoint(trainer: "Trainer") -> Path | None:
-    """Write ``checkpoint-<global_step>`` for the trainer's current state, then rotate."""
+    """Write ``checkpoint-<global_step>`` for the trainer's current state, then rotate.
+
+    The model files come from an overriding ``Trainer.save_model`` if there is one
+    (``model_saved_by_override`` gives the rule); ``training_args.json`` and the rest are
+    always written here, so a resume can compare arguments whatever the override wrote.
+    """
     args, state, acc = trainer.args, trainer.state, trainer.accelerator
     step = state.global_step
     store = CheckpointStore(args.output_dir)
@@ -423,7 +449,8 @@ def save_checkpoint(trainer: "Trainer") -> Path | None:
     state.stateful_callbacks = trainer.callback_handler.export_states(trainer.control)
     export_window = getattr(trainer, "_export_loss_window", None)
     state.loss_window = export_window() if export_window is not None else None
-    contents = CheckpointContents.capture(trainer)
+    custom_model_save = model_saved_by_override(trainer)
+    contents = CheckpointContents.capture(trainer, with_model=not custom_model_save)
 
     keep = {Path(state.best_model_checkpoint).name} if state.best_model_checkpoint else set()
     writer = trainer.checkpoint_writer
@@ -435,14 +462,17 @@ def save_checkpoint(trainer: "Trainer") -> Path | None:
 
     path = None
     tmp = None
-    if acc.num_processes > 1:
-        # Every rank writes its own RNG streams into the folder rank 0 opened; rank 0 adds
-        # the rest and publishes only after all of them have written (the manifest covers all).
+    if acc.num_processes > 1 or custom_model_save:
+        # Every rank writes its own RNG streams (and takes part in save_model) into the folder
+        # rank 0 opened; rank 0 adds the rest and publishes only after all of them have
+        # written (the manifest covers all).
         if acc.is_main_process:
             writer.wait()  # the previous save owns the output directory until it has published
             tmp = store.begin(step)
         acc.wait_for_everyone()
-        if not args.save_only_model:
+        if custom_model_save:
+            trainer.save_model(str(store.temporary(step)), _internal_call=True)
+        if acc.num_processes > 1 and not args.save_only_model:
             torch.save(capture_rng(), store.temporary(step) / f"rng_state_{acc.process_index}.pth")
         acc.wait_for_everyone()
     if acc.is_main_process:

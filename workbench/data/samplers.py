@@ -42,7 +42,9 @@ __all__ = [
     "LengthGroupedSampler",
     "SAMPLING_STRATEGIES",
     "dataset_lengths",
+    "loader_samplers",
     "padded_cost",
+    "start_loader_epoch",
 ]
 
 SAMPLING_STRATEGIES = ("random", "sequential", "group_by_length", "batch_rebalance")
@@ -338,3 +340,46 @@ class BatchRebalanceSampler(Sampler[list[int]]):
                     samples = samples + [perm[i % n] for i in range(self.num_processes - len(samples))]
             for micro in self.step_plan(samples, rounds):
                 yield from micro
+
+
+def loader_samplers(loader: Any) -> list[Any]:
+    """The samplers and batch samplers inside ``loader``, outermost first, each once.
+
+    Followed through the ``sampler`` / ``batch_sampler`` attributes, so the sampler a
+    DataLoader was built with is found behind torch's ``BatchSampler`` and Accelerate's
+    ``BatchSamplerShard`` / ``SkipBatchSampler`` wrappers alike, whoever built the loader.
+    """
+    found: list[Any] = []
+    seen: set[int] = set()
+    pending = [getattr(loader, name, None) for name in ("batch_sampler", "sampler")]
+    while pending:
+        item = pending.pop(0)
+        if item is None or id(item) in seen or item is loader:
+            continue
+        seen.add(id(item))
+        found.append(item)
+        pending.extend(getattr(item, name, None) for name in ("batch_sampler", "sampler"))
+    return found
+
+
+def start_loader_epoch(loader: Any, epoch: int, seed: int) -> None:
+    """Make ``loader``'s next pass epoch ``epoch``'s order, derived from the loader alone.
+
+    Everything is reached through the loader (not through state its builder left on the
+    Trainer), so a ``get_train_dataloader`` override keeps per-epoch seeding: the loader's and
+    every inner sampler's ``set_epoch``, its collator's ``set_epoch`` (seeded MLM masking),
+    and its ``generator`` re-seeded with ``seed + epoch`` (the worker base seeds are drawn
+    from it, so an iterator started mid-run, on resume, draws what the original run drew).
+    Called once per epoch, never per step.
+    """
+    if hasattr(loader, "set_epoch"):  # Accelerate's loaders (and an IterableDataset behind them)
+        loader.set_epoch(epoch)
+    for sampler in loader_samplers(loader):
+        if hasattr(sampler, "set_epoch"):  # idempotent: Accelerate may have reached it already
+            sampler.set_epoch(epoch)
+    collator = getattr(loader, "collate_fn", None)
+    if hasattr(collator, "set_epoch"):
+        collator.set_epoch(epoch)
+    generator = getattr(loader, "generator", None)
+    if isinstance(generator, torch.Generator):
+        generator.manual_seed(seed + epoch)

@@ -147,7 +147,12 @@ def _head(inputs: Any, n: int, batch_size: int) -> Any:
 
 def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction_loss_only: bool | None = None,
                     ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
-    """Run the model over ``dataloader`` and compute metrics (HF's evaluation_loop)."""
+    """Run the model over ``dataloader`` and compute metrics (HF's evaluation_loop).
+
+    The body of ``Trainer.evaluation_loop``; evaluate() and predict() reach it through that
+    method, so a subclass overriding it is honoured. Batches go through
+    ``trainer.prediction_step``.
+    """
     args, acc = trainer.args, trainer.accelerator
     handler = trainer.callback_handler
     loss_only = args.prediction_loss_only if prediction_loss_only is None else prediction_loss_only
@@ -261,11 +266,14 @@ def _batch_size(inputs: Any) -> int:
     return 1
 
 
-def _run_one(trainer: "Trainer", dataset, ignore_keys, prefix: str) -> dict[str, float]:
+def _run_one(trainer: "Trainer", dataset: Any, ignore_keys: list[str] | None, prefix: str) -> dict[str, float]:
+    """One evaluation, through the Trainer's override points: ``get_eval_dataloader`` builds
+    the loader (``dataset`` is a set, a name of one of the Trainer's sets, or None) and
+    ``evaluation_loop`` runs it."""
     trainer._memory_stage("eval", start=True)
     start = time.perf_counter()
-    loader = trainer._eval_loader(dataset, "evaluation")
-    output = evaluation_loop(trainer, loader, "Evaluation", ignore_keys=ignore_keys, metric_key_prefix=prefix)
+    loader = trainer.get_eval_dataloader(dataset)
+    output = trainer.evaluation_loop(loader, "Evaluation", ignore_keys=ignore_keys, metric_key_prefix=prefix)
     metrics = output.metrics
     n_batches = len(loader) if has_length(loader) else None
     metrics.update(speed_metrics(prefix, start, num_samples=output.num_samples, num_steps=n_batches))
@@ -274,26 +282,31 @@ def _run_one(trainer: "Trainer", dataset, ignore_keys, prefix: str) -> dict[str,
 
 
 def evaluate(trainer: "Trainer", eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-    """Evaluate one set (or each of a dict of named sets) and report the metrics."""
-    target = eval_dataset if eval_dataset is not None else trainer.eval_dataset
+    """Evaluate one set (or each of a dict of named sets) and report the metrics.
+
+    As in HF, the Trainer's own named sets reach ``get_eval_dataloader`` by name and a set
+    passed here as itself, so an override sees what it would see in transformers.
+    """
+    override = eval_dataset is not None
+    target = eval_dataset if override else trainer.eval_dataset
     if isinstance(target, dict):
         metrics: dict[str, float] = {}
         for name, dataset in target.items():
-            metrics.update(_run_one(trainer, dataset, ignore_keys, f"{metric_key_prefix}_{name}"))
+            metrics.update(_run_one(trainer, dataset if override else name, ignore_keys, f"{metric_key_prefix}_{name}"))
     else:
-        dataset = trainer._resolve_eval_dataset(eval_dataset)
         prefix = f"{metric_key_prefix}_{eval_dataset}" if isinstance(eval_dataset, str) else metric_key_prefix
-        metrics = _run_one(trainer, dataset, ignore_keys, prefix)
+        metrics = _run_one(trainer, eval_dataset, ignore_keys, prefix)
     trainer.log(dict(metrics))
     trainer.control = trainer.callback_handler.on_evaluate(trainer.args, trainer.state, trainer.control, metrics)
     return metrics
 
 
 def predict(trainer: "Trainer", test_dataset, ignore_keys=None, metric_key_prefix: str = "test") -> PredictionOutput:
-    """Predictions, label ids and metrics for ``test_dataset`` (metrics prefixed ``test_``)."""
+    """Predictions, label ids and metrics for ``test_dataset`` (metrics prefixed ``test_``), through
+    the Trainer's ``get_test_dataloader`` and ``evaluation_loop``."""
     start = time.perf_counter()
     loader = trainer.get_test_dataloader(test_dataset)
-    output = evaluation_loop(trainer, loader, "Prediction", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
+    output = trainer.evaluation_loop(loader, "Prediction", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
     output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples,
                                         num_steps=len(loader) if has_length(loader) else None))
     trainer.control = trainer.callback_handler.on_predict(trainer.args, trainer.state, trainer.control, output.metrics)

@@ -17,6 +17,7 @@ import torch
 
 import workbench.train.losses as losses
 from workbench.checkpoint.lock import check_writable
+from workbench.data.samplers import start_loader_epoch
 from workbench.train.trainer_utils import TrainOutput, has_length, speed_metrics, unwrap_model
 
 if TYPE_CHECKING:
@@ -181,18 +182,9 @@ class TrainingLoop:
         trainer, args, acc = self.trainer, self.args, self.accelerator
         state = trainer.state
         handler = trainer.callback_handler
-        sampler = getattr(trainer, "_train_sampler", None)
-        if sampler is not None:
-            sampler.set_epoch(epoch)
-        collator = getattr(trainer, "_train_collator", None)
-        if hasattr(collator, "set_epoch"):  # seeded MLM masking is a function of the epoch
-            collator.set_epoch(epoch)
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(epoch)
-        generator = getattr(trainer, "_train_loader_generator", None)
-        if generator is not None:
-            seed = args.data_seed if args.data_seed is not None else args.seed
-            generator.manual_seed(seed + epoch)
+        # Samplers, collator and generator are found through the loader itself, so a
+        # get_train_dataloader override is seeded per epoch like the built-in loader.
+        start_loader_epoch(loader, epoch, args.data_seed if args.data_seed is not None else args.seed)
         iterator_source = loader
         if skip:
             from accelerate import skip_first_batches

@@ -2,7 +2,8 @@
 
 This class holds the objects of a run and the methods users override (compute_loss,
 training_step, prediction_step, create_optimizer, ...). The loops live in loop.py and
-evaluation.py, checkpoint files in checkpoints.py, so each piece stays readable.
+evaluation.py, checkpoint files in checkpoint/store.py, the Accelerator set-up in
+accelerator_setup.py, so each piece stays readable.
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ from workbench.data.samplers import (
     dataset_lengths,
 )
 from workbench.checkpoint.lock import hold_output_dir
+from workbench.train.accelerator_setup import check_sharding, make_accelerator
 from workbench.distributed.signals import JITCheckpointCallback, StopRequest, install_stop_handlers
 from workbench.train.metric_keys import is_timing_metric
 from workbench.train.trainer_utils import (
+    EvalLoopOutput,
     PredictionOutput,
     TrainOutput,
     has_length,
@@ -61,67 +64,6 @@ __all__ = ["Trainer", "DEFAULT_CALLBACKS"]
 
 # What every Trainer starts with, as in HF (progress, trackers and the JIT stop come on top).
 DEFAULT_CALLBACKS = [DefaultFlowCallback]
-
-
-def _make_accelerator(args: TrainingArguments):
-    """An Accelerator configured from the arguments (fresh state for each Trainer)."""
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
-    from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs
-
-    from workbench.distributed.world import distributed_state, wants_cpu
-
-    # The distributed state first, made once with these arguments (world.py says why); then
-    # a fresh AcceleratorState, as a new Trainer may want another precision.
-    distributed_state(args)
-    AcceleratorState._reset_state()
-    config = dict(args.accelerator_config or {})
-    dataloader_config = DataLoaderConfiguration(
-        split_batches=config.pop("split_batches", False),
-        dispatch_batches=config.pop("dispatch_batches", None),
-        even_batches=config.pop("even_batches", True),
-        non_blocking=config.pop("non_blocking", False),
-    )
-    if config:
-        raise ValueError(f"accelerator_config: unknown keys {sorted(config)}; accepted: split_batches, "
-                         "dispatch_batches, even_batches, non_blocking")
-    ddp = {k: getattr(args, f"ddp_{k}") for k in ("find_unused_parameters", "bucket_cap_mb",
-                                                   "broadcast_buffers", "static_graph")}
-    ddp = {k: v for k, v in ddp.items() if v is not None}
-    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
-    from datetime import timedelta
-
-    from accelerate.utils import InitProcessGroupKwargs
-
-    from workbench.distributed.sharding import accelerator_plugins
-
-    handlers: list[Any] = [DistributedDataParallelKwargs(**ddp)] if ddp else []
-    if args.ddp_backend is not None or args.ddp_timeout != 1800:
-        group = {"timeout": timedelta(seconds=args.ddp_timeout)}
-        if args.ddp_backend is not None:
-            group["backend"] = args.ddp_backend
-        handlers.append(InitProcessGroupKwargs(**group))
-    return Accelerator(
-        mixed_precision=precision,
-        cpu=wants_cpu(args),
-        dataloader_config=dataloader_config,
-        step_scheduler_with_optimizer=False,
-        kwargs_handlers=handlers or None,
-        **accelerator_plugins(args),
-    )
-
-
-def _check_sharding(trainer: "Trainer") -> None:
-    """Accelerate quietly falls back to DDP where it cannot shard; say so instead."""
-    from workbench.train.args import ArgumentError
-    from workbench.checkpoint.state_dicts import is_fsdp
-
-    if trainer.args.fsdp and not is_fsdp(trainer):
-        kind = trainer.accelerator.distributed_type.value
-        raise ArgumentError("fsdp", f"Accelerate did not start FSDP here (this run is {kind}, "
-                                    f"{trainer.accelerator.num_processes} process(es)): FSDP needs several processes "
-                                    "on GPUs or other accelerators (Accelerate does not shard on CPU ranks); "
-                                    "launch with --num-processes N on such a machine, or unset fsdp")
 
 
 class Trainer:
@@ -150,8 +92,8 @@ class Trainer:
     ) -> None:
         self.args = args if args is not None else TrainingArguments("tmp_trainer")
         set_seed(self.args.seed, deterministic=self.args.full_determinism)
-        self.accelerator = _make_accelerator(self.args)
-        _check_sharding(self)
+        self.accelerator = make_accelerator(self.args)
+        check_sharding(self)
         self._host_device = self.accelerator.device.type == "cpu"  # read per step; the property is not free
         self._memory = None
         if not self.args.skip_memory_metrics:
@@ -358,20 +300,19 @@ class Trainer:
             raise ValueError("Trainer.train needs a train_dataset")
         dataset = self.train_dataset
         sampler = self._get_train_sampler(dataset)
-        self._train_sampler = sampler
-        # The loader draws its worker base seed from this generator, not the global RNG, so
-        # starting an iterator (also mid-run, on resume) never shifts dropout or other draws.
-        self._train_loader_generator = torch.Generator()
-        self._train_collator = self._collator_for(dataset, "training")  # the loop calls its set_epoch
         if isinstance(sampler, BatchRebalanceSampler):
             batching: dict[str, Any] = {"batch_sampler": sampler}  # sizes vary: it batches itself
         else:
             batching = {"batch_size": self._train_batch_size, "sampler": sampler,
                         "drop_last": self.args.dataloader_drop_last}
+        # The loop starts each epoch through the returned loader alone (its samplers' and
+        # collator's set_epoch, its generator re-seeded: samplers.start_loader_epoch). The
+        # worker base seed comes from this generator, not the global RNG, so starting an
+        # iterator (also mid-run, on resume) never shifts dropout or other draws.
         loader = DataLoader(
             dataset,
-            generator=self._train_loader_generator,
-            collate_fn=self._train_collator,
+            generator=torch.Generator(),
+            collate_fn=self._collator_for(dataset, "training"),
             **batching,
             **self._loader_kwargs(),
         )
@@ -421,10 +362,13 @@ class Trainer:
         """Parameters that get weight decay (not biases, not norm weights)."""
         return sorted(decay_parameter_names(model))
 
-    def create_optimizer(self) -> torch.optim.Optimizer:
-        """The optimizer from ``args.optim`` (or optimizer_cls_and_kwargs), decay groups applied."""
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """The optimizer from ``args.optim`` (or optimizer_cls_and_kwargs), decay groups applied.
+
+        ``model`` (HF's signature) optimizes another module than the Trainer's.
+        """
         if self.optimizer is None:
-            model = unwrap_model(self.model)
+            model = unwrap_model(model if model is not None else self.model)
             groups = parameter_groups(model, self.args.weight_decay)
             cls, kwargs = self.optimizer_cls_and_kwargs or get_optimizer_cls_and_kwargs(self.args)
             self.optimizer = cls(groups, **kwargs)
@@ -685,6 +629,14 @@ class Trainer:
 
         return evaluate(self, eval_dataset, ignore_keys, metric_key_prefix)
 
+    def evaluation_loop(self, dataloader: DataLoader, description: str, prediction_loss_only: bool | None = None,
+                        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
+        """Run the model over ``dataloader`` (each batch through ``prediction_step``) and compute
+        the metrics; evaluate() and predict() both go through here, as in HF."""
+        from workbench.train.evaluation import evaluation_loop
+
+        return evaluation_loop(self, dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+
     def predict(self, test_dataset: Dataset, ignore_keys: list[str] | None = None,
                 metric_key_prefix: str = "test") -> PredictionOutput:
         """Predictions, label ids and ``test_``-prefixed metrics for ``test_dataset``."""
@@ -706,12 +658,19 @@ class Trainer:
         self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save the weights as safetensors (and the processing class) to ``output_dir``."""
+        """Save the weights as safetensors (and the processing class) to ``output_dir``.
+
+        Every process calls it (FSDP gathers the weights collectively); rank 0 writes.
+        Checkpoints call an override with ``_internal_call=True``, as HF's _save_checkpoint
+        does (checkpoint/store.py: save_checkpoint says when).
+        """
+        from workbench.checkpoint.state_dicts import capture_model_state, is_fsdp
         from workbench.checkpoint.store import save_model_files
 
         target = Path(output_dir or self.args.output_dir)
+        state = capture_model_state(self) if is_fsdp(self) else None  # None: the model's own weights
         if self.accelerator.is_main_process:
-            save_model_files(unwrap_model(self.model), target, self.processing_class)
+            save_model_files(unwrap_model(self.model), target, self.processing_class, state=state)
             (target / "training_args.json").write_text(self.args.to_json_string() + "\n", encoding="utf-8")
         self.accelerator.wait_for_everyone()
 
