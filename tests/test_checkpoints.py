@@ -28,8 +28,10 @@ from safetensors.torch import load_file
 
 from workbench import Trainer, TrainerCallback, TrainingArguments
 import workbench.checkpoint.store as ckpt
+import workbench.checkpoint.trainer_state as ckpt_state
 from workbench.train.callbacks import EarlyStoppingCallback
-from workbench.checkpoint.store import CheckpointStore, save_checkpoint, save_model_files
+from workbench.checkpoint.store import CheckpointStore
+from workbench.checkpoint.trainer_state import save_checkpoint, save_model_files
 from workbench.cli import main as cli_main
 from workbench.data.builtin import TensorDictDataset
 from workbench.data.samplers import EpochRandomSampler, loader_samplers
@@ -610,7 +612,7 @@ def test_catalog_rows_cli_and_no_hashing(tmp_path, monkeypatch, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in printed] == ["checkpoint-2", "checkpoint-4"]
     assert set(printed[0]) == {"name", "path", "step", "epoch", "metrics", "size", "created", "complete",
-                               "verified", "best", "protected", "problem"}
+                               "verified", "best", "protected", "problem", "edits", "foreign"}
     assert printed[1]["metrics"]["eval_loss"] == evals[4]["eval_loss"]
     assert printed[1]["size"] == rows[1].size
     assert cli_main(["checkpoints", str(tmp_path)]) == 0
@@ -634,14 +636,14 @@ def test_sharded_weights_are_written_with_an_index(tmp_path):
     assert set(index["weight_map"]) == set(state)
     assert index["metadata"]["total_size"] == sum(v.numel() * v.element_size() for v in state.values())
     fresh = gpt(11)
-    ckpt.load_model_files(fresh, tmp_path)
+    ckpt_state.load_model_files(fresh, tmp_path)
     for name, value in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[name], value), name
     assert fresh.lm_head.weight is fresh.wte.weight
 
 
 def test_resume_from_sharded_checkpoint_is_bitwise(tmp_path, monkeypatch):
-    monkeypatch.setattr(ckpt, "SHARD_BYTES", 4096)
+    monkeypatch.setattr(ckpt_state, "SHARD_BYTES", 4096)
     full = run(tmp_path / "full", max_steps=10)
     run(tmp_path / "cut", max_steps=10, stop=6)
     folder = tmp_path / "cut" / "checkpoint-6"
@@ -657,13 +659,13 @@ def test_resume_from_sharded_checkpoint_is_bitwise(tmp_path, monkeypatch):
 
 def test_sentinel_exists_during_the_write_only(tmp_path, monkeypatch):
     seen = []
-    original = ckpt.save_model_files
+    original = ckpt_state.save_model_files
 
     def spy(model, directory, *args, **kwargs):
         seen.append((directory.name, (directory / ckpt.SENTINEL).is_file(), directory.parent.name))
         return original(model, directory, *args, **kwargs)
 
-    monkeypatch.setattr(ckpt, "save_model_files", spy)
+    monkeypatch.setattr(ckpt_state, "save_model_files", spy)
     run(tmp_path / "out", max_steps=4, save_strategy="steps", save_steps=2)
     assert seen == [(".tmp-checkpoint-2", True, "out"), (".tmp-checkpoint-4", True, "out")]
     for name in ("checkpoint-2", "checkpoint-4"):
@@ -716,7 +718,7 @@ def test_save_checkpoint_writes_hf_names_and_json_arguments(tmp_path):
     names = {p.name for p in path.iterdir()}
     assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json",
             "training_args.json", "manifest.json"} <= names
-    assert "training_args.bin" not in names
+    assert {"training_args.bin", "workbench_state.json"} <= names  # HF's pickle, for the tools that read it
     assert json.loads((path / "training_args.json").read_text())["max_steps"] == 2
     manifest = json.loads((path / "manifest.json").read_text())
     assert set(manifest["files"]) == names - {"manifest.json"}
@@ -746,13 +748,13 @@ def test_background_save_writes_the_state_of_its_step_not_later_updates(tmp_path
     trainer = run(tmp_path / "out", max_steps=2, save_strategy="no", save_async=True)
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     gate = __import__("threading").Event()
-    original = ckpt.CheckpointContents.write
+    original = ckpt_state.CheckpointContents.write
 
     def slow_write(self, directory):
         gate.wait(10)  # the host copy is taken; the files are not written yet
         original(self, directory)
 
-    ckpt.CheckpointContents.write = slow_write
+    ckpt_state.CheckpointContents.write = slow_write
     try:
         trainer.args.save_async = True
         path = save_checkpoint(trainer)
@@ -763,7 +765,7 @@ def test_background_save_writes_the_state_of_its_step_not_later_updates(tmp_path
         gate.set()
         trainer.checkpoint_writer.wait()
     finally:
-        ckpt.CheckpointContents.write = original
+        ckpt_state.CheckpointContents.write = original
     saved = load_file(str(path / "model.safetensors"))
     for name, value in saved.items():
         assert torch.equal(value, before[name]), name
@@ -773,9 +775,9 @@ def test_a_failed_background_save_is_raised_and_earlier_checkpoints_stay(tmp_pat
     class FailAt(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == 4:
-                ckpt.CheckpointContents.write = broken
+                ckpt_state.CheckpointContents.write = broken
 
-    original = ckpt.CheckpointContents.write
+    original = ckpt_state.CheckpointContents.write
 
     def broken(self, directory):
         raise OSError(28, "No space left on device")
@@ -785,7 +787,7 @@ def test_a_failed_background_save_is_raised_and_earlier_checkpoints_stay(tmp_pat
             run(tmp_path / "out", max_steps=6, save_strategy="steps", save_steps=2, save_async=True,
                 callbacks=[FailAt()])
     finally:
-        ckpt.CheckpointContents.write = original
+        ckpt_state.CheckpointContents.write = original
     store = CheckpointStore(tmp_path / "out")
     assert [c.name for c in store.list() if c.complete] == ["checkpoint-2"]
     assert not list((tmp_path / "out").glob(".tmp-*"))

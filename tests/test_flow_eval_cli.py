@@ -328,8 +328,11 @@ def test_save_strategy_steps_checkpoint_contents(tmp_path, data):
         assert "model.safetensors" in manifest["files"]
         state = TrainerState.load_from_json(str(folder / "trainer_state.json"))
         assert state.global_step == step
+        from workbench.train.rng import numpy_safe_globals
+
         for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
-            torch.load(folder / name, weights_only=True)
+            with numpy_safe_globals():  # HF's rng_state.pth layout: NumPy's state is an array
+                torch.load(folder / name, weights_only=True)
     assert not list(out.glob(".tmp-*"))
 
 

@@ -269,7 +269,7 @@ def test_a_resumed_run_logs_exactly_what_an_uninterrupted_one_logs(tmp_path, nan
     assert [e["step"] for e in expected if "loss" in e] == [3, 6, 9]  # step 11 is not a logging step
     assert [e["step"] for e in expected if "eval_loss" in e] == [4, 8, 11]  # the last step evaluates
     assert _comparable(resumed.state.log_history) == expected
-    saved = json.loads((tmp_path / "cut" / "checkpoint-5" / "trainer_state.json").read_text())
+    saved = json.loads((tmp_path / "cut" / "checkpoint-5" / "workbench_state.json").read_text())
     assert saved["loss_window"]["since_step"] == 3 and len(saved["loss_window"]["losses"]) == 2
 
 

@@ -161,9 +161,9 @@ def test_resume_path_that_is_not_a_checkpoint_is_refused_before_any_work(tmp_pat
     (tmp_path / "runs" / "checkpoint-4" / "trainer_state.json").write_text("{}")
     assert main(["run", str(config), "--headless", "--resume", str(tmp_path / "runs")]) == 2
     assert "is an output_dir, not a checkpoint" in capsys.readouterr().err
-    # An unfinished save (no manifest) is named as such.
+    # No manifest, and not a transformers checkpoint either (no weights): named as such.
     assert main(["run", str(config), "--headless", "--resume", str(tmp_path / "runs" / "checkpoint-4")]) == 2
-    assert "no manifest.json (the save did not finish)" in capsys.readouterr().err
+    assert "no manifest.json, and not laid out as a transformers checkpoint" in capsys.readouterr().err
     assert not out.exists()
 
 

@@ -444,7 +444,7 @@ def test_live_lr_edit_then_kill_and_resume_reproduces_the_edited_run(tmp_path, s
     saved = trainer_b.state.global_step
     assert k < saved < steps
     ckpt = out_b / f"checkpoint-{saved}"
-    state = json.loads((ckpt / "trainer_state.json").read_text())
+    state = json.loads((ckpt / "workbench_state.json").read_text())  # trainer_state.json stays HF's
     assert [(e["step"], e["learning_rate"]) for e in state["live_edits"]] == [(k, 1e-3)]
     edits = [e for e in read_events(out_b) if e["event"] == "edit"]
     assert len(edits) == 1 and edits[0]["step"] == k and edits[0]["learning_rate"] == 1e-3

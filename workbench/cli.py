@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     ckpt = sub.add_parser("checkpoints", help="list the checkpoints of an output directory")
     ckpt.add_argument("output_dir")
     ckpt.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ckpt.add_argument("--reseal", metavar="NAME", default=None,
+                      help="accept a checkpoint's files as they are now (e.g. resharded weights): list what "
+                           "differs from its manifest, then rewrite the manifest")
 
     init = sub.add_parser("init", help="write a commented starter config that runs as is")
     init.add_argument("path", nargs="?", default="workbench.toml")
@@ -156,6 +159,8 @@ def _checkpoints(ns: argparse.Namespace) -> int:
     root = Path(ns.output_dir)
     if not root.is_dir():
         raise UsageError(f"{root} is not a directory; pass a run's output_dir")
+    if ns.reseal is not None:
+        return _reseal(CheckpointStore(root), ns.reseal)
     rows = CheckpointStore(root).list()
     if ns.json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
@@ -172,6 +177,22 @@ def _checkpoints(ns: argparse.Namespace) -> int:
         epoch = f"{r.epoch:.2f}" if r.epoch is not None else "-"
         marker = " *best" if r.best else ""
         print(f"{r.name:<20} {r.step:>7} {epoch:>6} {_human_size(r.size):>9} {created:<19} {state:<10} {metrics}{marker}")
+    return EXIT_OK
+
+
+def _reseal(store, name: str) -> int:
+    folder = store.root / name
+    if not folder.is_dir():
+        names = ", ".join(row.name for row in store.list()) or "none"
+        raise UsageError(f"--reseal: {folder} does not exist; checkpoints in {store.root}: {names}")
+    try:
+        changed = store.reseal(folder)
+    except ValueError as exc:
+        raise UsageError(f"--reseal: {exc}") from None
+    for rel, what in changed:
+        print(f"{rel}: {what}")
+    print(f"resealed {folder}: {len(changed)} difference(s) accepted" if changed
+          else f"resealed {folder}: its files already matched the manifest")
     return EXIT_OK
 
 
@@ -205,8 +226,8 @@ def _plan_output_dir(output_dir: Path, resume: object, overwrite: bool) -> tuple
 
 def _check_resume_path(path: Path) -> None:
     """``--resume PATH`` must name a complete checkpoint folder (sizes checked, nothing hashed:
-    the Trainer verifies the hashes when it loads)."""
-    from workbench.checkpoint.store import CheckpointStore
+    the Trainer verifies the hashes when it loads), or one transformers' Trainer wrote."""
+    from workbench.checkpoint.store import MANIFEST, CheckpointStore
 
     hint = "pass a checkpoint folder (see 'workbench checkpoints OUTPUT_DIR'), or --resume alone for the newest"
     if not path.exists():
@@ -219,7 +240,9 @@ def _check_resume_path(path: Path) -> None:
             raise UsageError(f"--resume: {path} is an output_dir, not a checkpoint; pass one of its checkpoints "
                              f"(newest: {rows[-1].path}) or use --resume alone with that output_dir")
         raise UsageError(f"--resume: {path} is not a checkpoint (it has no trainer_state.json); {hint}")
-    ok, why = CheckpointStore(path.parent).verify(path, hashes=False)
+    store = CheckpointStore(path.parent)
+    # A checkpoint of transformers' Trainer has no manifest: its layout is checked instead.
+    ok, why = store.verify(path, hashes=False) if (path / MANIFEST).is_file() else store.structural_check(path)
     if not ok:
         raise UsageError(f"--resume: {path} cannot be used: {why}; {hint}")
 

@@ -142,8 +142,11 @@ def regroup(state: dict[str, Any], current: list[dict[str, Any]]) -> dict[str, A
     """
     groups = state.get("param_groups", [])
     sizes = [len(g["params"]) for g in current]
-    if [len(g["params"]) for g in groups] == sizes or sum(len(g["params"]) for g in groups) != sum(sizes):
-        return state  # nothing to convert (or not convertible: torch reports the mismatch)
+    if sum(len(g["params"]) for g in groups) != sum(sizes):
+        return state  # not convertible: torch reports the mismatch
+    if [len(g["params"]) for g in groups] == sizes:  # same layout: only the decay is this run's
+        out = [{**g, "weight_decay": c.get("weight_decay", g.get("weight_decay"))} for g, c in zip(groups, current)]
+        return {**state, "param_groups": out}
     flat = [(p, g) for g in groups for p in g["params"]]
     out, start = [], 0
     for size, group in zip(sizes, current):

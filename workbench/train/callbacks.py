@@ -16,6 +16,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 
 from workbench.train.metric_keys import is_timing_metric
@@ -75,6 +76,11 @@ class ExportableState:
         return instance
 
 
+# TrainerState fields of workbench's own, kept out of trainer_state.json (see to_json_string).
+WORKBENCH_STATE_FIELDS = ("live_edits", "loss_window")
+WORKBENCH_STATE_NAME = "workbench_state.json"
+
+
 @dataclass
 class TrainerState:
     """What the loop knows about the run; saved as trainer_state.json in checkpoints."""
@@ -106,19 +112,33 @@ class TrainerState:
     loss_window: dict[str, Any] | None = None
 
     def to_json_string(self) -> str:
-        """The state as indented JSON (what ``save_to_json`` writes)."""
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+        """The HF fields as indented JSON: trainer_state.json, which transformers' Trainer
+        reads as it is (its TrainerState takes no unknown keys, so workbench's go elsewhere)."""
+        data = {k: v for k, v in dataclasses.asdict(self).items() if k not in WORKBENCH_STATE_FIELDS}
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+    def extras_json_string(self) -> str:
+        """workbench's own fields (live edits, the unlogged loss) for ``workbench_state.json``."""
+        data = {k: getattr(self, k) for k in WORKBENCH_STATE_FIELDS}
+        return json.dumps({"format": 1, **data}, indent=2, sort_keys=True) + "\n"
 
     def save_to_json(self, json_path: str) -> None:
-        """Write the state as indented JSON."""
-        with open(json_path, "w", encoding="utf-8") as f:
-            f.write(self.to_json_string())
+        """Write trainer_state.json, and workbench_state.json beside it."""
+        path = Path(json_path)
+        path.write_text(self.to_json_string(), encoding="utf-8")
+        (path.parent / WORKBENCH_STATE_NAME).write_text(self.extras_json_string(), encoding="utf-8")
 
     @classmethod
     def load_from_json(cls, json_path: str) -> "TrainerState":
-        """Read a state written by ``save_to_json`` (or by transformers; unknown keys ignored)."""
-        with open(json_path, encoding="utf-8") as f:
-            data = json.load(f)
+        """Read trainer_state.json (written here or by transformers; unknown keys ignored) and
+        workbench_state.json beside it when there is one (older checkpoints kept those
+        fields in trainer_state.json itself)."""
+        path = Path(json_path)
+        data = json.loads(path.read_text(encoding="utf-8"))
+        extras = path.parent / WORKBENCH_STATE_NAME
+        if extras.is_file():
+            data.update({k: v for k, v in json.loads(extras.read_text(encoding="utf-8")).items()
+                         if k in WORKBENCH_STATE_FIELDS})
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 

@@ -94,7 +94,8 @@ class TrainingLoop:
 
     def run(self, resume_from_checkpoint: str | bool | None, ignore_keys_for_eval: list[str] | None) -> TrainOutput:
         trainer, args, acc = self.trainer, self.args, self.accelerator
-        from workbench.checkpoint.store import CheckpointStore, load_training_state
+        from workbench.checkpoint.store import CheckpointStore
+        from workbench.checkpoint.trainer_state import load_training_state
         from workbench.train.edits import replay_edits
 
         store = CheckpointStore(args.output_dir)
@@ -303,7 +304,7 @@ class TrainingLoop:
         if trainer.control.should_evaluate:
             trainer._evaluate_during_training(ignore_keys)
         if trainer.control.should_save:
-            from workbench.checkpoint.store import save_checkpoint
+            from workbench.checkpoint.trainer_state import save_checkpoint
 
             save_checkpoint(trainer)
             trainer.control = trainer.callback_handler.on_save(args, state, trainer.control)
@@ -365,7 +366,7 @@ class TrainingLoop:
         metrics.update(trainer._memory_stage("train", start=False))
         trainer.checkpoint_writer.wait()  # background saves are published before the run reports done
         if args.load_best_model_at_end and state.best_model_checkpoint is not None:
-            from workbench.checkpoint.store import load_best_model
+            from workbench.checkpoint.trainer_state import load_best_model
 
             load_best_model(trainer)
         trainer.log(dict(metrics))

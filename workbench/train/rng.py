@@ -13,32 +13,43 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["capture_rng", "restore_rng", "rng_preserved"]
+__all__ = ["capture_rng", "restore_rng", "rng_preserved", "numpy_safe_globals"]
 
 
-def capture_rng() -> dict[str, Any]:
-    """The RNG states as tensors and plain values (loadable with ``torch.load(weights_only=True)``)."""
-    np_state = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": {"key": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
-        "cpu": torch.get_rng_state(),
-    }
+def capture_rng(all_devices: bool = False) -> dict[str, Any]:
+    """The RNG states in transformers' rng_state.pth layout (so either Trainer resumes from the
+    other's checkpoints): CUDA's current device, or every device's with ``all_devices``
+    (several processes), as HF does. Loads with :func:`load_rng` (weights_only)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state_all() if all_devices else torch.cuda.get_rng_state()
     return state
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    """Put back what :func:`capture_rng` took (CUDA states only where CUDA is present)."""
+    """Put back what :func:`capture_rng` took, or a file of an older layout (NumPy's state as
+    tensors); CUDA states only where CUDA is present."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     n = state["numpy"]
-    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    if isinstance(n, dict):  # workbench's first layout
+        n = ("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    np.random.set_state(tuple(n))
     torch.set_rng_state(state["cpu"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, (list, tuple)):
+            torch.cuda.set_rng_state_all(cuda)
+        else:
+            torch.cuda.set_rng_state(cuda)
+
+
+def numpy_safe_globals() -> Any:
+    """``torch.serialization.safe_globals`` for NumPy's RNG state: arrays and dtypes only, so
+    ``torch.load(weights_only=True)`` reads HF's rng_state.pth and still runs no code."""
+    core = getattr(np, "_core", None) or np.core
+    allowed = [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    return torch.serialization.safe_globals(allowed)
 
 
 @contextlib.contextmanager

@@ -665,7 +665,7 @@ class Trainer:
         does (checkpoint/store.py: save_checkpoint says when).
         """
         from workbench.checkpoint.state_dicts import capture_model_state, is_fsdp
-        from workbench.checkpoint.store import save_model_files
+        from workbench.checkpoint.trainer_state import save_model_files
 
         target = Path(output_dir or self.args.output_dir)
         state = capture_model_state(self) if is_fsdp(self) else None  # None: the model's own weights

@@ -1,0 +1,372 @@
+"""What a Trainer's checkpoint holds, written and read back: weights (safetensors, sharded
+when large), optimizer, schedule, scaler, RNG streams, trainer_state.json, and workbench's
+own extras. The files go into the store's atomic publish (store.py); nothing is unpickled
+beyond ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from workbench.checkpoint.state_dicts import (
+    capture_model_state,
+    capture_optimizer_state,
+    host_copy,
+    load_model_state,
+    load_optimizer_state,
+    unique_state,
+)
+from workbench.checkpoint.store import WEIGHTS, WEIGHTS_INDEX, CheckpointStore
+from workbench.train.callbacks import WORKBENCH_STATE_NAME
+from workbench.train.rng import capture_rng, numpy_safe_globals, restore_rng
+from workbench.train.trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_model
+
+if TYPE_CHECKING:
+    from workbench.train.trainer import Trainer
+
+log = logging.getLogger("workbench")
+
+SHARD_BYTES = 5 * 1024**3  # weights above this are split into shards, as transformers does
+
+__all__ = [
+    "CheckpointContents",
+    "save_checkpoint",
+    "load_training_state",
+    "load_best_model",
+    "save_model_files",
+    "load_model_files",
+    "model_saved_by_override",
+    "rng_state_file",
+]
+
+
+def save_model_files(model: torch.nn.Module, directory: Path, processing_class: Any = None,
+                     max_shard_bytes: int | None = None, state: dict[str, torch.Tensor] | None = None) -> None:
+    """Weights as safetensors (HF models through save_pretrained), plus the processing class.
+
+    ``state`` is the weights to write (host copies taken earlier, or gathered from FSDP);
+    by default the model's own. Weights above ``max_shard_bytes`` (default 5 GB) are split
+    into ``model-0000i-of-0000n.safetensors`` files with ``model.safetensors.index.json``,
+    the layout transformers reads.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    if hasattr(model, "save_pretrained") and hasattr(model, "config") and not isinstance(model.config, dict):
+        extra = {"state_dict": state} if state is not None else {}
+        model.save_pretrained(directory, safe_serialization=True, **extra)
+    else:
+        from safetensors.torch import save_file
+
+        limit = max_shard_bytes or SHARD_BYTES
+        if state is None:
+            state = unique_state(model)
+        shards: list[dict[str, torch.Tensor]] = [{}]
+        size = 0
+        for name, tensor in state.items():
+            nbytes = tensor.numel() * tensor.element_size()
+            if shards[-1] and size + nbytes > limit:
+                shards.append({})
+                size = 0
+            shards[-1][name] = tensor
+            size += nbytes
+        if len(shards) == 1:
+            save_file(shards[0], str(directory / WEIGHTS), metadata={"format": "pt"})
+        else:
+            weight_map = {}
+            for i, shard in enumerate(shards, 1):
+                file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(directory / file), metadata={"format": "pt"})
+                weight_map.update({name: file for name in shard})
+            total = sum(t.numel() * t.element_size() for t in state.values())
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (directory / WEIGHTS_INDEX).write_text(json.dumps(index, indent=2), encoding="utf-8")
+    if processing_class is not None and hasattr(processing_class, "save_pretrained"):
+        processing_class.save_pretrained(directory)
+
+
+@dataclass
+class CheckpointContents:
+    """Everything a checkpoint holds, as host copies: taking it is the only part of a save
+    that must happen at the step boundary; writing can follow later (or elsewhere)."""
+
+    step: int
+    model: torch.nn.Module | None  # None: an overriding Trainer.save_model wrote the weights
+    processing_class: Any
+    weights: dict[str, torch.Tensor] | None  # None on ranks other than 0
+    optimizer: dict[str, Any] | None
+    scheduler: dict[str, Any] | None
+    scaler: dict[str, Any] | None
+    rng: dict[str, Any] | None  # single process; with several each rank writes its own
+    trainer_state: str
+    workbench_state: str
+    training_args: str
+    arguments: Any  # the TrainingArguments object, pickled into training_args.bin as HF does
+
+    @classmethod
+    def capture(cls, trainer: "Trainer", with_model: bool = True) -> "CheckpointContents":
+        """Copy the run's state to host memory (a collective under FSDP: every rank calls it).
+
+        ``with_model=False`` leaves the weights (and processing class) out, for a checkpoint
+        whose model files the Trainer's own ``save_model`` writes.
+        """
+        args, acc = trainer.args, trainer.accelerator
+        main = acc.is_main_process
+        weights = capture_model_state(trainer) if with_model else None
+        full = not args.save_only_model
+        optimizer = capture_optimizer_state(trainer) if full else None
+        scheduler = host_copy(trainer.lr_scheduler.state_dict()) if full and main else None
+        if optimizer is not None and scheduler is not None:
+            optimizer, scheduler = _hf_group_layout(trainer, optimizer, scheduler)
+        scaler = getattr(acc, "scaler", None)
+        return cls(
+            step=trainer.state.global_step,
+            model=unwrap_model(trainer.model) if with_model else None,
+            processing_class=trainer.processing_class,
+            weights=weights,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            scaler=host_copy(scaler.state_dict()) if full and main and scaler is not None else None,
+            rng=capture_rng() if full and acc.num_processes == 1 else None,
+            trainer_state=trainer.state.to_json_string(),
+            workbench_state=trainer.state.extras_json_string(),
+            training_args=args.to_json_string() + "\n",
+            arguments=copy.copy(args),
+        )
+
+    def write(self, directory: Path) -> None:
+        """Write the files of the checkpoint into ``directory`` (rank 0's part)."""
+        if self.model is not None:
+            save_model_files(self.model, directory, self.processing_class, state=self.weights)
+        for name, value in (("optimizer.pt", self.optimizer), ("scheduler.pt", self.scheduler),
+                            ("scaler.pt", self.scaler), ("rng_state.pth", self.rng)):
+            if value is not None:
+                torch.save(value, directory / name)
+        (directory / "trainer_state.json").write_text(self.trainer_state, encoding="utf-8")
+        (directory / WORKBENCH_STATE_NAME).write_text(self.workbench_state, encoding="utf-8")
+        # For the tools that read it (HF writes it); workbench itself reads training_args.json.
+        torch.save(self.arguments, directory / "training_args.bin")
+        (directory / "training_args.json").write_text(self.training_args, encoding="utf-8")
+
+
+def _hf_group_layout(trainer: "Trainer", optimizer: dict[str, Any],
+                     scheduler: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Optimizer and schedule states in transformers' two-group layout (decay, then no decay).
+
+    Without weight decay the Trainer trains one group (optim.parameter_groups says why); the
+    parameters are in the same order, so the saved state is cut in two where HF's groups
+    part, and transformers' Trainer can resume from it. workbench loads either layout.
+    """
+    from workbench.checkpoint.state_dicts import is_fsdp
+    from workbench.train.optim import decay_parameter_names
+
+    live = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    if is_fsdp(trainer) or len(live.param_groups) != 1 or len(optimizer.get("param_groups", [])) != 1:
+        return optimizer, scheduler
+    model = unwrap_model(trainer.model)
+    decay = decay_parameter_names(model)
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    order = [p for name, p in named if name in decay] + [p for name, p in named if name not in decay]
+    if [id(p) for p in live.param_groups[0]["params"]] != [id(p) for p in order]:
+        return optimizer, scheduler  # a user's own grouping: kept as it is
+    split = sum(1 for name, _ in named if name in decay)
+    group = optimizer["param_groups"][0]
+    groups = [{**group, "params": group["params"][:split]},
+              {**group, "params": group["params"][split:], "weight_decay": 0.0}]
+    return {**optimizer, "param_groups": groups}, _fit_groups(scheduler, 2)
+
+
+def model_saved_by_override(trainer: "Trainer") -> bool:
+    """Whether the Trainer's class overrides ``save_model`` (checked at each save, not per step).
+
+    The rule for a checkpoint's model files, as HF's ``_save_checkpoint`` (which calls
+    ``self.save_model(output_dir, _internal_call=True)``): an overriding ``save_model`` is
+    called with the checkpoint's folder, on every process, at the step boundary, and writes
+    them. The built-in ``save_model`` is not called: the checkpoint writes the same files
+    itself, from host copies taken at the boundary, so ``save_async`` can write them later.
+    """
+    # The class that defines save_model, found without importing the Trainer (the store
+    # sits below it in the import graph).
+    owner = next((c for c in type(trainer).__mro__ if "save_model" in vars(c)), None)
+    return owner is not None and owner.__module__ != "workbench.train.trainer"
+
+
+def save_checkpoint(trainer: "Trainer") -> Path | None:
+    """Write ``checkpoint-<global_step>`` for the trainer's current state, then rotate.
+
+    The model files come from an overriding ``Trainer.save_model`` if there is one
+    (``model_saved_by_override`` gives the rule); ``training_args.json`` and the rest are
+    always written here, so a resume can compare arguments whatever the override wrote.
+    """
+    args, state, acc = trainer.args, trainer.state, trainer.accelerator
+    step = state.global_step
+    store = CheckpointStore(args.output_dir)
+    name = f"{PREFIX_CHECKPOINT_DIR}-{step}"
+    if state.best_global_step == step:
+        state.best_model_checkpoint = str(Path(args.output_dir) / name)
+    state.stateful_callbacks = trainer.callback_handler.export_states(trainer.control)
+    export_window = getattr(trainer, "_export_loss_window", None)
+    state.loss_window = export_window() if export_window is not None else None
+    custom_model_save = model_saved_by_override(trainer)
+    contents = CheckpointContents.capture(trainer, with_model=not custom_model_save)
+
+    keep = {Path(state.best_model_checkpoint).name} if state.best_model_checkpoint else set()
+    writer = trainer.checkpoint_writer
+
+    def publish(tmp: Path | None = None) -> Path:
+        path = store.publish(step, contents.write) if tmp is None else store.seal(step, tmp, contents.write)
+        store.rotate(args.save_total_limit, keep=keep)
+        return path
+
+    path = None
+    tmp = None
+    if acc.num_processes > 1 or custom_model_save:
+        # Every rank writes its own RNG streams (and takes part in save_model) into the folder
+        # rank 0 opened; rank 0 adds the rest and publishes only after all of them have
+        # written (the manifest covers all).
+        if acc.is_main_process:
+            writer.wait()  # the previous save owns the output directory until it has published
+            tmp = store.begin(step)
+        acc.wait_for_everyone()
+        if custom_model_save:
+            trainer.save_model(str(store.temporary(step)), _internal_call=True)
+        if acc.num_processes > 1 and not args.save_only_model:
+            torch.save(capture_rng(all_devices=True), store.temporary(step) / f"rng_state_{acc.process_index}.pth")
+        acc.wait_for_everyone()
+    if acc.is_main_process:
+        if args.save_async:
+            writer.submit(lambda: publish(tmp))
+            path = store.root / name  # where it will be once published
+        else:
+            writer.wait()
+            path = publish(tmp)
+    acc.wait_for_everyone()
+    return path
+
+
+def _load(path: Path) -> Any:
+    # Only tensors and plain containers: a pickle that would run code is refused.
+    try:
+        with numpy_safe_globals():  # HF's rng_state.pth holds NumPy's state as an array
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln or "global" in ln.lower()]
+        detail = lines[-1] if lines else str(exc).splitlines()[0]
+        raise ValueError(f"{path}: refused to load: the file holds more than tensors and plain containers "
+                         f"(torch.load weights_only=True: {detail}); it was not unpickled") from exc
+
+
+def _read_weights(model: torch.nn.Module, checkpoint: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = []
+    if (checkpoint / WEIGHTS).is_file():
+        files = [checkpoint / WEIGHTS]
+    elif (checkpoint / WEIGHTS_INDEX).is_file():
+        index = json.loads((checkpoint / WEIGHTS_INDEX).read_text(encoding="utf-8"))
+        files = [checkpoint / f for f in sorted(set(index["weight_map"].values()))]
+    if files:
+        state: dict[str, torch.Tensor] = {}
+        for file in files:
+            state.update(load_file(str(file)))
+        return state
+    if hasattr(model, "from_pretrained") and (checkpoint / "config.json").is_file():
+        return type(model).from_pretrained(checkpoint).state_dict()
+    raise ValueError(f"{checkpoint} has no {WEIGHTS}")
+
+
+def _check_fit(model: torch.nn.Module, checkpoint: Path, missing: list[str], unexpected: list[str]) -> None:
+    # Tied weights are stored once, so their second names are expected to be missing.
+    seen: set[int] = set()
+    aliases = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            aliases.add(name)
+        seen.add(id(param))
+    if unexpected or set(missing) - aliases:
+        raise ValueError(f"{checkpoint}: weights do not fit the model (missing: {sorted(set(missing) - aliases)[:5]}, "
+                         f"unexpected: {sorted(unexpected)[:5]})")
+
+
+def load_model_files(model: torch.nn.Module, checkpoint: Path) -> None:
+    """Load the weights saved in ``checkpoint`` into a plain (unwrapped) model."""
+    missing, unexpected = model.load_state_dict(_read_weights(model, checkpoint), strict=False)
+    _check_fit(model, checkpoint, list(missing), list(unexpected))
+
+
+def _load_weights(trainer: "Trainer", checkpoint: Path) -> None:
+    model = unwrap_model(trainer.model)
+    missing, unexpected = load_model_state(trainer, _read_weights(model, checkpoint))
+    _check_fit(model, checkpoint, missing, unexpected)
+
+
+def _fit_groups(scheduler_state: dict[str, Any], groups: int) -> dict[str, Any]:
+    """A schedule saved for another number of parameter groups (see state_dicts.regroup),
+    with its per-group lists cut or repeated to ``groups`` entries."""
+    out = dict(scheduler_state)
+    for key in ("base_lrs", "_last_lr", "lr_lambdas"):
+        values = out.get(key)
+        if isinstance(values, list) and values and len(values) != groups:
+            out[key] = (values + [values[-1]] * groups)[:groups]
+    return out
+
+
+def load_training_state(trainer: "Trainer", checkpoint: Path) -> None:
+    """Restore weights, optimizer, schedule, RNG, TrainerState (and callbacks) from ``checkpoint``."""
+    from workbench.train.callbacks import TrainerState
+
+    acc = trainer.accelerator
+    _load_weights(trainer, checkpoint)
+    if (checkpoint / "optimizer.pt").is_file():
+        load_optimizer_state(trainer, _load(checkpoint / "optimizer.pt"))
+        trainer.lr_scheduler.load_state_dict(_fit_groups(_load(checkpoint / "scheduler.pt"),
+                                                         len(trainer.optimizer.param_groups)))
+        if (checkpoint / "scaler.pt").is_file() and getattr(acc, "scaler", None) is not None:
+            acc.scaler.load_state_dict(_load(checkpoint / "scaler.pt"))
+    loaded = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
+    loaded.is_local_process_zero = trainer.state.is_local_process_zero
+    loaded.is_world_process_zero = trainer.state.is_world_process_zero
+    trainer.state = loaded
+    if trainer.args.restore_callback_states_from_checkpoint:
+        trainer.control = trainer.callback_handler.restore_states(loaded.stateful_callbacks, trainer.control)
+        # The saving run's stop flag was why it stopped: a resumed run would otherwise end
+        # after one step (HF restores it as is; no one wants that).
+        trainer.control._new_training()
+    rng = rng_state_file(checkpoint, acc.process_index, acc.num_processes)
+    if rng is not None:
+        restore_rng(_load(rng))
+
+
+def rng_state_file(checkpoint: Path, rank: int, num_processes: int) -> Path | None:
+    """This rank's RNG file: its own ``rng_state_<rank>.pth``, else the single-process one.
+
+    A run resumed on fewer or more processes than saved it restores what exists (rank 0's
+    streams on one process) and warns that the random draws differ from the original run.
+    """
+    own = checkpoint / f"rng_state_{rank}.pth"
+    single = checkpoint / "rng_state.pth"
+    saved_ranks = len(list(checkpoint.glob("rng_state_*.pth")))
+    if saved_ranks and saved_ranks != num_processes or (not saved_ranks and num_processes > 1 and single.is_file()):
+        if rank == 0:
+            log.warning("%s was saved by %d process(es) and resumes on %d: data order and losses carry on, "
+                        "but random draws (dropout) differ from the original run", checkpoint.name,
+                        saved_ranks or 1, num_processes)
+    for path in (own, single, checkpoint / "rng_state_0.pth"):
+        if path.is_file():
+            return path
+    return None
+
+
+def load_best_model(trainer: "Trainer") -> None:
+    """Load the weights of ``state.best_model_checkpoint`` into the model (load_best_model_at_end)."""
+    path = Path(trainer.state.best_model_checkpoint)
+    if not path.is_dir():
+        log.warning("best checkpoint %s is gone; keeping the final weights", path)
+        return
+    _load_weights(trainer, path)
