@@ -324,3 +324,44 @@ def test_label_smoothing_is_disabled_for_multi_label_classification_as_in_hf(tmp
     theirs.train()
     hf_losses = [e["loss"] for e in theirs.state.log_history if "loss" in e]
     assert len(ours_losses) == 3 and ours_losses == pytest.approx(hf_losses, rel=1e-4)
+
+
+# -- 4, 5, 9. predict with batched metrics, persistent eval workers, gather_object -------------
+
+
+def test_predict_with_batch_eval_metrics_returns_predictions_and_labels(tmp_path):
+    seen = []
+
+    def metrics(pred, compute_result=False):
+        seen.append(compute_result)
+        return {"rows": float(len(pred.label_ids))}
+
+    run = Trainer(model=Regressor(), args=make_args(tmp_path, batch_eval_metrics=True, per_device_eval_batch_size=4),
+                  train_dataset=data(), eval_dataset=data(8), compute_metrics=metrics)
+    out = run.predict(data(10))
+    assert out.predictions is not None and out.predictions.shape == (10, 2)
+    assert out.label_ids is not None and out.label_ids.tolist() == [i % 2 for i in range(10)]
+    assert out.metrics["test_rows"] == 2.0 and seen == [False, False, True]  # batches of 4, 4, 2
+    assert "eval_rows" in run.evaluate()  # evaluate() keeps nothing; its metrics come per batch
+    with pytest.raises(ValueError, match="compute_metrics must take a compute_result argument"):
+        Trainer(model=Regressor(), args=make_args(tmp_path, batch_eval_metrics=True), train_dataset=data(),
+                compute_metrics=lambda pred: {})
+
+
+def test_persistent_eval_workers_are_started_once(tmp_path):
+    args = make_args(tmp_path, dataloader_num_workers=1, dataloader_persistent_workers=True,
+                     per_device_eval_batch_size=4)
+    run = Trainer(model=Regressor(), args=args, train_dataset=data(), eval_dataset={"a": data(8), "b": data(4)})
+    first = {name: run.get_eval_dataloader(name) for name in ("a", "b")}
+    run.evaluate()
+    run.evaluate()
+    assert all(run.get_eval_dataloader(name) is loader for name, loader in first.items())
+    assert first["a"] is not first["b"]
+    # A set passed as itself gets its own loader (HF would hand back the "eval" one).
+    assert run.get_eval_dataloader(data(4)) is not run.get_eval_dataloader(data(4))
+
+
+def test_eval_use_gather_object_is_accepted_and_evaluates(tmp_path):
+    run = Trainer(model=Regressor(), args=make_args(tmp_path, eval_use_gather_object=True),
+                  train_dataset=data(), eval_dataset=data(8), compute_metrics=lambda p: {"n": float(len(p.predictions))})
+    assert run.evaluate()["eval_n"] == 8.0

@@ -86,7 +86,6 @@ UNSERVED_FIELDS: dict[str, str] = {
     "parallelism_config": "parallelism_config (N-D parallelism) is not supported; use fsdp or deepspeed",
     "use_cache": "use_cache is a transformers generation setting; set it on the model config",
     "debug": "debug options (underflow_overflow, tpu_metrics_debug) are not supported",
-    "eval_use_gather_object": "gather_object evaluation is not supported",
 }
 
 _STEP_FIELDS = ("logging_steps", "eval_steps", "save_steps")

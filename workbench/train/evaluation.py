@@ -10,6 +10,7 @@ padded with -100 before concatenation.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -170,6 +171,11 @@ def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction
     include_inputs = "inputs" in args.include_for_metrics
     include_loss = "loss" in args.include_for_metrics
     batch_metrics = args.batch_eval_metrics and trainer.compute_metrics is not None and not loss_only
+    # As HF: with batched metrics an evaluation keeps no predictions, but predict() still
+    # returns them (and the labels and inputs).
+    keep = not batch_metrics or description == "Prediction"
+    # eval_use_gather_object: predictions of varying shapes are gathered as Python objects.
+    gather = functools.partial(acc.gather_for_metrics, use_gather_object=args.eval_use_gather_object)
     losses_for_mean: list[torch.Tensor] = []
     num_samples = 0
     metrics: dict[str, Any] | None = None
@@ -196,14 +202,14 @@ def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction
             if include_loss or batch_metrics:
                 parts["losses"].add(batch_losses)
         if main_input is not None:
-            main_input = acc.gather_for_metrics(acc.pad_across_processes(main_input, dim=1, pad_index=PAD_INDEX))
+            main_input = gather(acc.pad_across_processes(main_input, dim=1, pad_index=PAD_INDEX))
         if labels is not None:
-            labels = acc.gather_for_metrics(acc.pad_across_processes(labels, dim=1, pad_index=PAD_INDEX))
+            labels = gather(acc.pad_across_processes(labels, dim=1, pad_index=PAD_INDEX))
         if logits is not None:
             logits = acc.pad_across_processes(logits, dim=1, pad_index=PAD_INDEX)
             if trainer.preprocess_logits_for_metrics is not None:
                 logits = trainer.preprocess_logits_for_metrics(logits, labels)
-            logits = acc.gather_for_metrics(logits)
+            logits = gather(logits)
         num_samples += num_samples_batch
         trainer.control = handler.on_prediction_step(args, trainer.state, trainer.control)
         if batch_metrics:
@@ -215,7 +221,7 @@ def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction
                                   losses=batch_losses if include_loss and loss is not None else None)
             metrics = trainer.compute_metrics(pred, compute_result=last)
             parts["losses"] = _Accumulator()
-        else:
+        if keep:
             parts["inputs"].add(main_input)
             parts["preds"].add(None if loss_only else logits)
             parts["labels"].add(None if loss_only else labels)

@@ -120,6 +120,10 @@ class Trainer:
         self.compute_loss_func = compute_loss_func
         self.compute_metrics = compute_metrics
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        if (self.args.batch_eval_metrics and compute_metrics is not None
+                and "compute_result" not in inspect.signature(compute_metrics).parameters):
+            raise ValueError("batch_eval_metrics: compute_metrics must take a compute_result argument (True after "
+                             "the last batch: return the summary then); add it, or unset batch_eval_metrics")
         if self.args.save_strategy == "best" and self.args.metric_for_best_model is None:
             raise ValueError("`args.metric_for_best_model` must be provided when using 'best' save_strategy or if "
                              "`args.load_best_model_at_end` is set to `True`.")
@@ -132,6 +136,7 @@ class Trainer:
         # auto_find_batch_size retry) for that run's step count, as HF does.
         self._created_lr_scheduler = False
         self._train_batch_size = self.args.train_batch_size
+        self._eval_dataloaders: dict[str, DataLoader] = {}  # persistent-worker loaders, reused
         # Set by the training loop while it runs: the unlogged loss for a checkpoint.
         self._export_loss_window: Callable[[], dict[str, Any]] | None = None
 
@@ -342,8 +347,19 @@ class Trainer:
         return self.accelerator.prepare(loader)
 
     def get_eval_dataloader(self, eval_dataset: Dataset | str | None = None) -> DataLoader:
-        """The evaluation DataLoader (sequential; a name selects one of several eval sets)."""
-        return self._eval_loader(self._resolve_eval_dataset(eval_dataset), "evaluation")
+        """The evaluation DataLoader (sequential; a name selects one of several eval sets).
+
+        With ``dataloader_persistent_workers`` each loader is built once and reused, as in HF,
+        so its worker pool lives across evaluations instead of starting at each one.
+        """
+        key = eval_dataset if isinstance(eval_dataset, str) else "eval"
+        reuse = self.args.dataloader_persistent_workers and (eval_dataset is None or isinstance(eval_dataset, str))
+        if reuse and key in self._eval_dataloaders:
+            return self._eval_dataloaders[key]
+        loader = self._eval_loader(self._resolve_eval_dataset(eval_dataset), "evaluation")
+        if reuse:
+            self._eval_dataloaders[key] = loader
+        return loader
 
     def get_test_dataloader(self, test_dataset: Dataset) -> DataLoader:
         """The prediction DataLoader for ``test_dataset``."""
