@@ -57,8 +57,8 @@ COMPARED: tuple[str, ...] = (
     "data_seed",
 )
 
-_DATA_POSITION = ("not applied to the data already seen: the resume skips the consumed batches counted "
-                  "in the new size, so the data position may shift")
+_DATA_POSITION = ("used from here on, but the batches already consumed are skipped counted in the new size, "
+                  "so the data position may shift")
 _DATA_ORDER = ("the samplers are seeded with it, so the data order changes and the rest of this epoch "
                "may repeat or skip examples; the restored random states carry on")
 # What happens to a difference that is not applied as a live edit.
@@ -72,28 +72,20 @@ _ONLY_WARNED = {
     "seed": _DATA_ORDER,
     "data_seed": _DATA_ORDER,
 }
-# HF's fallback for a checkpoint without training_args.json: trainer_state.json's fields.
-_STATE_FIELDS = {"logging_steps": "logging_steps", "eval_steps": "eval_steps", "save_steps": "save_steps",
-                 "per_device_train_batch_size": "train_batch_size"}
 
 
-def checkpoint_arguments(checkpoint: Path) -> tuple[dict[str, Any], str] | None:
-    """The compared arguments ``checkpoint`` was saved with, and the file they came from.
+def checkpoint_arguments(checkpoint: Path) -> dict[str, Any] | None:
+    """The compared arguments ``checkpoint``'s launch used, from its ``training_args.json``.
 
-    ``training_args.json`` holds them all; a checkpoint without it (written by
-    transformers) has only what its ``trainer_state.json`` holds, as HF compares. None when
-    neither file can be read.
+    Not trainer_state.json's intervals, which HF compares: those carry the run's live edits,
+    and comparing with them would undo a Session's edits at every plain resume. Every
+    checkpoint that verifies has the file (it is written with the rest); None if unreadable.
     """
-    for name in ("training_args.json", "trainer_state.json"):
-        path = checkpoint / name
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if name == "training_args.json":
-            return {key: data[key] for key in COMPARED if key in data}, name
-        return {key: data[field] for key, field in _STATE_FIELDS.items() if field in data}, name
-    return None
+    try:
+        data = json.loads((checkpoint / "training_args.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return {key: data[key] for key in COMPARED if key in data}
 
 
 def _interval(value: Any, max_steps: int) -> int | None:
@@ -148,14 +140,11 @@ def apply_changed_arguments(trainer: "Trainer", checkpoint: Path, planned_max_st
     ``planned_max_steps`` is the length this launch's arguments plan, which interval ratios
     refer to. Returns the applied edit (empty when nothing was applied).
     """
-    saved = checkpoint_arguments(checkpoint)
-    if saved is None:
+    values = checkpoint_arguments(checkpoint)
+    if values is None:
         return {}
-    values, source = saved
     args, state = trainer.args, trainer.state
     current = args.to_dict()
-    if source == "trainer_state.json":  # resolved values there: compare like with like
-        current = {**current, **{k: _interval(current[k], planned_max_steps) for k in values if k.endswith("_steps")}}
     changed = [key for key in COMPARED if key in values and current.get(key) != values[key]]
     if not changed:
         return {}
@@ -174,8 +163,8 @@ def apply_changed_arguments(trainer: "Trainer", checkpoint: Path, planned_max_st
     step = state.global_step
     if trainer.is_world_process_zero():
         for key in changed:
-            log.warning("resuming from %s: %s is %r in this launch but %r in its %s; %s", checkpoint.name, key,
-                        current.get(key), values[key], source, _note(key, applied, refused, step, args))
+            log.warning("resuming from %s: %s is %r in this launch but %r in its training_args.json; %s",
+                        checkpoint.name, key, current.get(key), values[key], _note(key, applied, refused, step, args))
     if applied:
         state.live_edits.append({"step": step, "time": time.time(), **applied})
         if trainer.is_world_process_zero():
