@@ -187,8 +187,9 @@ def model_saved_by_override(trainer: "Trainer") -> bool:
 
     The rule for a checkpoint's model files, as HF's ``_save_checkpoint`` (which calls
     ``self.save_model(output_dir, _internal_call=True)``): an overriding ``save_model`` is
-    called with the checkpoint's folder, on every process, at the step boundary, and writes
-    them. The built-in ``save_model`` is not called: the checkpoint writes the same files
+    called with the checkpoint's temporary folder (renamed to ``checkpoint-<step>`` once
+    sealed), on every process, at the step boundary, and writes them. The built-in
+    ``save_model`` is not called: the checkpoint writes the same files
     itself, from host copies taken at the boundary, so ``save_async`` can write them later.
     """
     # The class that defines save_model, found without importing the Trainer (the store

@@ -100,7 +100,6 @@ class Session:
         self._pause_requested = threading.Event()
         self._blocked = False  # the worker is waiting at a step boundary (guarded by _lock)
         self._ended = threading.Event()  # set by the worker when the run is over
-        self._initial_edits: dict[str, Any] = {}  # applied once the run has restored its checkpoint
         self._unpaused = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -311,9 +310,18 @@ class Session:
             self._commands.put(command)
             return command.future
 
-    def resume_from(self, checkpoint: str | Path) -> "Session":
-        """Restart this session's run from a catalog checkpoint (the current run must be stopped)."""
+    def resume_from(self, checkpoint: str | Path, **overrides: Any) -> "Session":
+        """Restart this session's run from a catalog checkpoint (the current run must be stopped).
+
+        ``overrides`` change the run's arguments first (those train/resume_args.py COMPARED
+        lists, e.g. save_steps=3); the resume warns about each one that differs from the
+        checkpoint's and applies the live-editable ones from the resume step, recorded.
+        """
         self._require_not_running("resume_from")
+        if overrides:
+            from workbench.train.resume_args import replace_arguments
+
+            replace_arguments(self.trainer, **overrides)
         self._resume = str(checkpoint)
         self._series = SeriesStore()
         self._emit("resume_from", checkpoint=str(checkpoint))
@@ -336,12 +344,10 @@ class Session:
                           callbacks=user_callbacks, preprocess_logits_for_metrics=old.preprocess_logits_for_metrics)
         origin = {"checkpoint": str(Path(checkpoint).resolve()), "overrides": overrides,
                   "parent_output_dir": str(Path(old.args.output_dir).resolve())}
-        branch = Session(trainer, resume_from_checkpoint=str(checkpoint), origin=origin)
         # The checkpoint restores the optimizer/schedule (old learning rate) and the state's
-        # logging/eval/save intervals; these overrides are re-applied after the restore, as
-        # live edits (recorded, so a resume of the branch replays them).
-        branch._initial_edits = {k: v for k, v in overrides.items()
-                                 if k in ("learning_rate", "logging_steps", "eval_steps", "save_steps")}
+        # intervals; the resume applies the overrides that differ after the restore, as
+        # recorded live edits (train/resume_args.py).
+        branch = Session(trainer, resume_from_checkpoint=str(checkpoint), origin=origin)
         from workbench.train.tracking import EventLog
 
         Path(output_dir).mkdir(parents=True, exist_ok=True)
@@ -461,9 +467,6 @@ class Session:
         self._edits = [dict(e) for e in state.live_edits]  # a resumed run's edits come with its checkpoint
         self._refresh_catalog()
         self._emit("started", max_steps=state.max_steps)
-        if self._initial_edits:
-            edits, self._initial_edits = self._initial_edits, {}
-            self._apply_edits(edits)
 
     def _refresh_catalog(self) -> None:
         try:

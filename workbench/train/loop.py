@@ -97,6 +97,7 @@ class TrainingLoop:
         from workbench.checkpoint.store import CheckpointStore
         from workbench.checkpoint.trainer_state import load_training_state
         from workbench.train.edits import replay_edits
+        from workbench.train.resume_args import apply_changed_arguments
 
         store = CheckpointStore(args.output_dir)
         if acc.is_main_process:
@@ -133,6 +134,9 @@ class TrainingLoop:
             state = trainer.state
             state.max_steps = max_steps
             replay_edits(trainer)  # a live max_steps edit outlives the restart
+            # This launch's arguments where they differ from the checkpoint's: warned about,
+            # and the live-editable ones applied from here as a recorded edit (resume_args.py).
+            apply_changed_arguments(trainer, checkpoint, max_steps)
         if acc.is_main_process:
             store.clean_temporaries()
 
