@@ -365,3 +365,36 @@ def test_eval_use_gather_object_is_accepted_and_evaluates(tmp_path):
     run = Trainer(model=Regressor(), args=make_args(tmp_path, eval_use_gather_object=True),
                   train_dataset=data(), eval_dataset=data(8), compute_metrics=lambda p: {"n": float(len(p.predictions))})
     assert run.evaluate()["eval_n"] == 8.0
+
+
+def test_hf_private_steps_keep_their_names_and_call_order(tmp_path):
+    calls = []
+
+    class Sub(Trainer):
+        def _maybe_log_save_evaluate(self, tr_loss, grad_norm, model, trial, epoch, ignore_keys_for_eval, start_time,
+                                     learning_rate=None):
+            calls.append(("_maybe_log_save_evaluate", self.state.global_step))
+            return super()._maybe_log_save_evaluate(tr_loss, grad_norm, model, trial, epoch, ignore_keys_for_eval,
+                                                    start_time, learning_rate)
+
+        def _evaluate(self, trial, ignore_keys_for_eval, skip_scheduler=False):
+            calls.append(("_evaluate", self.state.global_step))
+            return super()._evaluate(trial, ignore_keys_for_eval, skip_scheduler)
+
+        def _save_checkpoint(self, model, trial):
+            calls.append(("_save_checkpoint", self.state.global_step))
+            return super()._save_checkpoint(model, trial)
+
+        def _get_output_dir(self, trial=None):
+            calls.append(("_get_output_dir", self.state.global_step))
+            return str(tmp_path / "elsewhere")
+
+    torch.manual_seed(0)
+    args = make_args(tmp_path / "out", max_steps=2, per_device_train_batch_size=4, eval_strategy="steps",
+                     eval_steps=2, save_strategy="steps", save_steps=2)
+    Sub(model=Regressor(), args=args, train_dataset=data(), eval_dataset=data(8)).train()
+    at_two = [name for name, step in calls if step == 2]
+    # The step end, then (as in HF) once more after on_epoch_end, with nothing left to do.
+    assert at_two == ["_maybe_log_save_evaluate", "_evaluate", "_save_checkpoint", "_get_output_dir",
+                      "_maybe_log_save_evaluate"]
+    assert (tmp_path / "elsewhere" / "checkpoint-2" / "manifest.json").is_file()

@@ -207,13 +207,14 @@ def save_checkpoint(trainer: "Trainer") -> Path | None:
     """
     args, state, acc = trainer.args, trainer.state, trainer.accelerator
     step = state.global_step
-    store = CheckpointStore(args.output_dir)
+    run_dir = trainer._get_output_dir(trial=None)  # HF's override point for where checkpoints go
+    store = CheckpointStore(run_dir)
     name = f"{PREFIX_CHECKPOINT_DIR}-{step}"
     if state.best_global_step == step:
-        state.best_model_checkpoint = str(Path(args.output_dir) / name)
+        state.best_model_checkpoint = str(Path(run_dir) / name)
     state.stateful_callbacks = trainer.callback_handler.export_states(trainer.control)
-    export_window = getattr(trainer, "_export_loss_window", None)
-    state.loss_window = export_window() if export_window is not None else None
+    loop = trainer._training_loop
+    state.loss_window = loop.export_window() if loop is not None else None
     custom_model_save = model_saved_by_override(trainer)
     contents = CheckpointContents.capture(trainer, with_model=not custom_model_save)
 

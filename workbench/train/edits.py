@@ -117,10 +117,8 @@ def replay_edits(trainer: "Trainer") -> None:
 def save_between_steps(trainer: "Trainer") -> Any:
     """Save a checkpoint outside the loop (a paused run): RNG streams untouched, the files
     published before this returns, on_save callbacks told. Returns the checkpoint path."""
-    from workbench.checkpoint.trainer_state import save_checkpoint
-
     with rng_preserved():
-        path = save_checkpoint(trainer)
+        path = trainer._save_checkpoint(trainer.model, trial=None)
         trainer.checkpoint_writer.wait()
     trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
     return path

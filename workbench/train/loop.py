@@ -147,7 +147,8 @@ class TrainingLoop:
         self.last_logged = state.global_step
         if checkpoint is not None:
             self._restore_window(state.loss_window)
-        trainer._export_loss_window = self._export_window  # every save, wherever it is asked for
+        # The Trainer's step-end hooks and every save (wherever asked for) reach this run through it.
+        trainer._training_loop = self
         self.grad_norm: torch.Tensor | None = None
         self._tokens = torch.zeros((), dtype=torch.long, device=acc.device)
         trainer._memory_stage("train", start=True)
@@ -158,7 +159,7 @@ class TrainingLoop:
         if state.global_step >= max_steps:
             control.should_training_stop = True  # resumed from the last step: nothing left to train
         if args.eval_on_start and state.global_step == 0:
-            trainer._evaluate_during_training(ignore_keys_for_eval)
+            trainer._evaluate(None, ignore_keys_for_eval, skip_scheduler=True)
             if trainer.control.should_save:  # a stop was requested during that evaluation
                 self._log_save_evaluate(model, ignore_keys_for_eval, start_time)
 
@@ -289,31 +290,32 @@ class TrainingLoop:
             _empty_cache(acc.device)
 
     def _log_save_evaluate(self, model, ignore_keys: list[str] | None, start_time: float) -> None:
-        trainer, args, acc = self.trainer, self.args, self.accelerator
-        control, state = trainer.control, trainer.state
-        if control.should_log and state.global_step > self.last_logged:
-            loss = self.window.total()
-            if acc.num_processes > 1:
-                loss = acc.gather(loss.reshape(1)).mean()
-            loss_scalar = loss.item()  # host sync: logging point
-            self.window.reset()
-            logs: dict[str, float] = {"loss": loss_scalar / (state.global_step - self.last_logged)}
-            if self.grad_norm is not None:
-                logs["grad_norm"] = float(self.grad_norm)
-            logs["learning_rate"] = trainer.get_learning_rates()[0]
-            self.total_loss += loss_scalar
-            self.last_logged = state.global_step
-            self._sync_tokens()
-            trainer.log(logs, start_time)
-        if trainer.control.should_evaluate:
-            trainer._evaluate_during_training(ignore_keys)
-        if trainer.control.should_save:
-            from workbench.checkpoint.trainer_state import save_checkpoint
+        """A step or epoch end: hand over to the Trainer's ``_maybe_log_save_evaluate`` (HF's
+        override point), with this run's loss window as ``tr_loss``."""
+        trainer = self.trainer
+        trainer._maybe_log_save_evaluate(self.window, self.grad_norm, model, None, trainer.state.epoch, ignore_keys,
+                                         start_time)
 
-            save_checkpoint(trainer)
-            trainer.control = trainer.callback_handler.on_save(args, state, trainer.control)
+    def log_loss(self, start_time: float) -> None:
+        """Log the loss since the last log (a host sync: a logging point), with grad norm and LR."""
+        trainer, acc, state = self.trainer, self.accelerator, self.trainer.state
+        if state.global_step <= self.last_logged:
+            return
+        loss = self.window.total()
+        if acc.num_processes > 1:
+            loss = acc.gather(loss.reshape(1)).mean()
+        loss_scalar = loss.item()  # host sync: logging point
+        self.window.reset()
+        logs: dict[str, float] = {"loss": loss_scalar / (state.global_step - self.last_logged)}
+        if self.grad_norm is not None:
+            logs["grad_norm"] = float(self.grad_norm)
+        logs["learning_rate"] = trainer.get_learning_rates()[0]
+        self.total_loss += loss_scalar
+        self.last_logged = state.global_step
+        self._sync_tokens()
+        trainer.log(logs, start_time)
 
-    def _export_window(self) -> dict[str, Any]:
+    def export_window(self) -> dict[str, Any]:
         """The loss not logged yet, for a checkpoint. With several processes (a collective:
         every rank saves) the ranks' sums are averaged as at a logging point and kept whole
         on rank 0, scaled so that the next log's mean over ranks comes out the same."""
@@ -354,7 +356,7 @@ class TrainingLoop:
     def _finish(self, start_time: float, start_step: int) -> TrainOutput:
         trainer, args = self.trainer, self.args
         state = trainer.state
-        trainer._export_loss_window = None
+        trainer._training_loop = None
         # Fold in loss not yet logged, so train_loss covers every step.
         steps_run = max(state.global_step - start_step, 1)
         remaining = self.window.total().item() if state.global_step > self.last_logged else 0.0

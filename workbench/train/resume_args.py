@@ -65,8 +65,8 @@ _DATA_ORDER = ("the samplers are seeded with it, so the data order changes and t
 _ONLY_WARNED = {
     "lr_scheduler_type": ("not a live edit: the schedule is rebuilt with this type at the restored step count; the "
                           "first update after the resume still uses the restored rate, the next ones the new shape"),
-    "weight_decay": ("not a live edit: the optimizer's parameter groups come back from the checkpoint with their "
-                     "weight decay (only a change to or from 0, which regroups the parameters, takes effect)"),
+    "weight_decay": ("used from here on: the optimizer state is restored, and each parameter group takes this "
+                     "run's weight decay"),
     "per_device_train_batch_size": _DATA_POSITION,
     "gradient_accumulation_steps": _DATA_POSITION,
     "seed": _DATA_ORDER,

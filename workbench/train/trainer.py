@@ -137,8 +137,8 @@ class Trainer:
         self._created_lr_scheduler = False
         self._train_batch_size = self.args.train_batch_size
         self._eval_dataloaders: dict[str, DataLoader] = {}  # persistent-worker loaders, reused
-        # Set by the training loop while it runs: the unlogged loss for a checkpoint.
-        self._export_loss_window: Callable[[], dict[str, Any]] | None = None
+        # The training loop while it runs (its loss window is HF's tr_loss), else None.
+        self._training_loop: Any = None
 
         from workbench.train.tracking import reporting_callbacks
 
@@ -690,27 +690,62 @@ class Trainer:
             (target / "training_args.json").write_text(self.args.to_json_string() + "\n", encoding="utf-8")
         self.accelerator.wait_for_everyone()
 
-    def _evaluate_during_training(self, ignore_keys: list[str] | None) -> dict[str, float]:
-        """Evaluate, update the best metric, and ask for a save when save_strategy is "best"."""
-        metrics = self.evaluate(ignore_keys=ignore_keys)
+    # -- HF's overridable steps of the loop, with HF's names, signatures and call order ------
+
+    def _maybe_log_save_evaluate(self, tr_loss: Any, grad_norm: Any, model: nn.Module, trial: Any, epoch: float | None,
+                                 ignore_keys_for_eval: list[str] | None, start_time: float,
+                                 learning_rate: float | None = None) -> None:
+        """At a step or epoch end: log if asked, then evaluate (``_evaluate``; a new best metric
+        asks for a save under save_strategy "best"), then save (``_save_checkpoint``, on_save).
+
+        ``tr_loss`` is the run's loss window (reduced at the logging point, not per step).
+        """
+        if self.control.should_log and self._training_loop is not None:
+            self._training_loop.log_loss(start_time)
+        if self.control.should_evaluate:
+            metrics = self._evaluate(trial, ignore_keys_for_eval)
+            if self._determine_best_metric(metrics, trial) and self.args.save_strategy == "best":
+                self.control.should_save = True  # never False: a stop's save at this step stands
+        if self.control.should_save:
+            self._save_checkpoint(model, trial)
+            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+
+    def _evaluate(self, trial: Any, ignore_keys_for_eval: list[str] | None, skip_scheduler: bool = False) -> dict[str, float]:
+        """An evaluation during training (HF's step: ``evaluate`` with the training's ignore keys)."""
+        return self.evaluate(ignore_keys=ignore_keys_for_eval)
+
+    def _determine_best_metric(self, metrics: dict[str, float], trial: Any) -> bool:
+        """Track ``metric_for_best_model``; True when this evaluation is the new best. An
+        evaluation a stop cut short never counts."""
         name = self.args.metric_for_best_model
-        if name is not None and not any(k.endswith("_interrupted") for k in metrics):
-            key = name if name.startswith("eval_") else f"eval_{name}"
-            if key not in metrics:
-                shown = ", ".join(sorted(k for k in metrics if not is_timing_metric(k)))
-                raise KeyError(
-                    f"metric_for_best_model: the evaluation returned no {key!r}; it returned: {shown}. "
-                    "Set metric_for_best_model to one of these (with or without the eval_ prefix)"
-                )
-            value = float(metrics[key])
-            best = self.state.best_metric
-            better = best is None or (value > best if self.args.greater_is_better else value < best)
-            if better and math.isfinite(value):
-                self.state.best_metric = value
-                self.state.best_global_step = self.state.global_step
-                if self.args.save_strategy == "best":
-                    self.control.should_save = True
-        return metrics
+        if name is None or any(k.endswith("_interrupted") for k in metrics):
+            return False
+        key = name if name.startswith("eval_") else f"eval_{name}"
+        if key not in metrics:
+            shown = ", ".join(sorted(k for k in metrics if not is_timing_metric(k)))
+            raise KeyError(
+                f"metric_for_best_model: the evaluation returned no {key!r}; it returned: {shown}. "
+                "Set metric_for_best_model to one of these (with or without the eval_ prefix)"
+            )
+        value = float(metrics[key])
+        best = self.state.best_metric
+        better = best is None or (value > best if self.args.greater_is_better else value < best)
+        if better and math.isfinite(value):
+            self.state.best_metric = value
+            self.state.best_global_step = self.state.global_step
+            return True
+        return False
+
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> Path | None:
+        """Write ``checkpoint-<step>`` into ``_get_output_dir(trial)``: every save of the run,
+        including a paused or stop-time one, goes through here. Returns its path (rank 0)."""
+        from workbench.checkpoint.trainer_state import save_checkpoint
+
+        return save_checkpoint(self)
+
+    def _get_output_dir(self, trial: Any = None) -> str:
+        """Where checkpoints go (HF's hook; hyperparameter-search runs would add a run folder)."""
+        return self.args.output_dir
 
     def _output_path(self) -> Path:
         path = Path(self.args.output_dir)
