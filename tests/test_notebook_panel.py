@@ -251,8 +251,8 @@ def test_lr_field_sets_the_optimizer_lr_and_rejects_bad_input(run):
     trainer = session.trainer
     base = list(trainer.lr_scheduler.base_lrs)
 
-    for bad, reason in (("abc", "not a number"), ("", "type a number"), ("-1e-3", "expected a number"),
-                        ("nan", "expected a number"), ("inf", "expected a number")):
+    for bad, reason in (("abc", "not a number"), ("", "type a number"), ("-1e-3", "expected a finite number"),
+                        ("nan", "expected a finite number"), ("inf", "expected a finite number")):
         panel.lr_field.value = bad
         panel.lr_apply.click()
         assert 'data-level="error"' in panel.notice.value and reason in panel.notice.value, (bad, panel.notice.value)
