@@ -376,7 +376,7 @@ def test_checkpoint_browser_branches_and_resumes(run, tmp_path):
     panel.checkpoint_select.value = paths[0]
     panel.branch_lr.value = "not-a-rate"
     panel.branch_button.click()
-    assert "not a number" in panel.notice.value and not panel.branches
+    assert "learning_rate: expected a number" in panel.notice.value and not panel.branches
 
     panel.branch_lr.value = "3e-3"
     panel.branch_dir.value = str(tmp_path / "branch")
