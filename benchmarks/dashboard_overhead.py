@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from workbench import Session, TrainerCallback
+from workbench.session.state import ENDED
 
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "tiny-gpt.toml"
 
@@ -74,7 +75,7 @@ def with_dashboard(steps: int, out: str, size: tuple[int, int]) -> Clock:
             # asyncio.sleep, not pilot.pause: the Pilot's own idle checks are test harness
             # work that a real terminal session does not have.
             start = time.thread_time()  # the app's loop runs in this (main) thread
-            while session.status not in ("finished", "stopped", "failed"):
+            while session.status not in ENDED:
                 await asyncio.sleep(0.2)
             clock.ui_cpu = time.thread_time() - start
 

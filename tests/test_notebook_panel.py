@@ -243,8 +243,8 @@ def test_lr_field_sets_the_optimizer_lr_and_rejects_bad_input(run):
     trainer = session.trainer
     base = list(trainer.lr_scheduler.base_lrs)
 
-    for bad, reason in (("abc", "not a number"), ("", "type a number"), ("-1e-3", "expected a number"),
-                        ("nan", "expected a number"), ("inf", "expected a number")):
+    for bad, reason in (("abc", "not a number"), ("", "type a number"), ("-1e-3", "expected a finite number"),
+                        ("nan", "expected a finite number"), ("inf", "expected a finite number")):
         panel.lr_field.value = bad
         panel.lr_apply.click()
         assert 'data-level="error"' in panel.notice.value and reason in panel.notice.value, (bad, panel.notice.value)
@@ -368,7 +368,7 @@ def test_checkpoint_browser_branches_and_resumes(run, tmp_path):
     panel.checkpoint_select.value = paths[0]
     panel.branch_lr.value = "not-a-rate"
     panel.branch_button.click()
-    assert "not a number" in panel.notice.value and not panel.branches
+    assert "learning_rate: expected a number" in panel.notice.value and not panel.branches
 
     panel.branch_lr.value = "3e-3"
     panel.branch_dir.value = str(tmp_path / "branch")

@@ -10,7 +10,6 @@ a tiny model on the CPU; nothing is mocked.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import subprocess

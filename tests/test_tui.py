@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import queue
 import shutil
 import subprocess
 import sys
@@ -28,13 +27,14 @@ import torch
 from workbench import Session, Trainer, TrainerCallback, TrainingArguments
 from workbench.checkpoint.store import CheckpointStore
 from workbench.data.builtin import builtin_tokenizer, load_builtin_data
-from workbench.train.memory import MemoryReport
+from workbench.config.loader import parse_overrides
 from workbench.models import TinyGPT
-from workbench.session.state import SessionEvent, Snapshot
+from workbench.session.state import CheckpointRow, MemoryUsage, SessionEvent, Snapshot
+from workbench.train.edits import validate_edits
 from workbench.widgets.tui import DashboardApp
 from workbench.widgets.tui.checkpoints import CheckpointsScreen
 from workbench.widgets.tui.dialogs import ConfirmDialog, QuitDialog
-from workbench.widgets.tui.forms import BranchForm, EditForm, parse_edits, parse_overrides
+from workbench.widgets.tui.forms import BranchForm, EditForm
 from workbench.widgets.tui.inspect import InspectScreen
 from workbench.widgets.view import (
     describe_event,
@@ -333,10 +333,13 @@ def test_branch_form_checks_overrides_and_follows_the_new_run(tmp_path):
         await wait_for(pilot, lambda: isinstance(app.screen, BranchForm), "the branch form")
         form = app.screen
         error = lambda: str(form.query_one(".form-error").content)  # noqa: E731
+        form.query_one("#branch-output_dir").value = str(tmp_path / "run")  # the parent's own folder
+        await press(pilot, "enter")
+        await wait_for(pilot, lambda: "is this run's own output_dir" in error(), "the parent-folder refusal")
         form.query_one("#branch-output_dir").value = str(branch_dir)
         form.query_one("#branch-other").value = "no_such_argument=1"
         await press(pilot, "enter")
-        await wait_for(pilot, lambda: "unknown argument" in error(), "the refusal")
+        await wait_for(pilot, lambda: "no_such_argument: unknown key" in error(), "the refusal")
         form.query_one("#branch-other").value = ""
         form.query_one("#branch-learning_rate").value = "1e-3"
         form.query_one("#branch-output_dir").focus()
@@ -407,7 +410,10 @@ def test_quit_stop_without_saving_exits_130_and_saves_nothing(tmp_path):
     from workbench.widgets.tui import OUTCOMES
 
     app = drive(session, scenario)
-    assert app.return_value == "stopped" and OUTCOMES["stopped"] == 130
+    from workbench.exit_codes import OUTCOME_CODES
+
+    assert app.return_value == "stopped" and OUTCOME_CODES["stopped"] == 130
+    assert set(OUTCOMES) == set(OUTCOME_CODES)  # every outcome the app returns has its code
     assert session.status == "stopped"
     assert session.checkpoints == []
 
@@ -549,7 +555,7 @@ class FixedSession:
         _write_checkpoint(root, 200, 1.92, "checkpoint-200", saved_old, [])
         _write_checkpoint(root, 300, 1.81, "checkpoint-200", saved,
                           [{"step": 250, "time": NOW, "learning_rate": 1e-3}])
-        self.memory_report = MemoryReport(parameters=271_104, gradients=271_104, optimizer_state=542_720,
+        self.memory_report = MemoryUsage(parameters=271_104, gradients=271_104, optimizer_state=542_720,
                                           device_type="cpu", device_allocated=None, device_reserved=None,
                                           device_peak=None, host_rss=612_000_000, host_peak=650_000_000)
         step = 300 if status == "finished" else 250
@@ -558,26 +564,27 @@ class FixedSession:
             status=status, step=step, max_steps=300, epoch=step / 75, elapsed=95.0, steps_per_second=3.2,
             samples_per_second=51.2, tokens_per_second=6553.6, eta=None if status == "finished" else 15.6,
             series=series, best_metric=1.92, best_step=200, memory=self.memory_report,
-            checkpoints=tuple(c for c in CheckpointStore(root).list() if c.step <= step),
+            checkpoints=tuple(CheckpointRow.from_dict(c.to_dict()) for c in CheckpointStore(root).list()
+                              if c.step <= step),
             edits=({"step": 250, "time": NOW, "learning_rate": 1e-3},), run_name="tiny-gpt",
             output_dir="runs/tiny-gpt", device="cpu", updated=NOW)
-        self.events: queue.Queue = queue.Queue()
+        self.events: list[SessionEvent] = []
         for kind, at, data in [("started", 0, {"max_steps": 300}), ("evaluated", 0, {"eval_loss": 4.61}),
                                ("evaluated", 100, {"eval_loss": 2.35, "eval_accuracy": 0.31}),
                                ("saved", 100, {"checkpoint": str(root / "checkpoint-100")}),
                                ("evaluated", 200, {"eval_loss": 1.92, "eval_accuracy": 0.42}),
                                ("saved", 200, {"checkpoint": str(root / "checkpoint-200")}),
                                ("paused", 250, {}), ("edited", 250, {"learning_rate": 1e-3})]:
-            self.events.put(SessionEvent(kind, at, NOW, data))
+            self.events.append(SessionEvent(kind, at, NOW, data))
 
     def snapshot(self) -> Snapshot:
         return self._snapshot
 
-    def subscribe(self) -> queue.Queue:
-        return self.events
+    def events_since(self, cursor: int = 0) -> tuple[list[SessionEvent], int]:
+        return self.events[cursor:], len(self.events)
 
-    def unsubscribe(self, q: queue.Queue) -> None:
-        pass
+    def arguments(self) -> dict[str, Any]:
+        return json.loads(self.args.to_json_string())
 
     @property
     def checkpoints(self) -> list:
@@ -591,14 +598,11 @@ class FixedSession:
             layers.append({"name": name, "shape": shape, "param_norm": 1.5 + i * 0.75, "grad_norm": 0.05 * (i + 1),
                            "update_ratio": 1e-3 * (i + 1), "nan": 0, "inf": 0, "trainable": True})
         return {"step": 250, "layers": layers, "learning_rates": [1e-3],
-                "batch_shapes": {"input_ids": (8, 32), "labels": (8, 32)}}
+                "batch_shapes": {"input_ids": (8, 32), "labels": (8, 32)},
+                "can_sample": False}  # no prompt box in the picture
 
-    def memory(self) -> MemoryReport:
+    def memory(self) -> MemoryUsage:
         return self.memory_report
-
-    @property
-    def model(self) -> Any:
-        return torch.nn.Linear(1, 1)  # not a causal LM: no prompt box in the picture
 
 
 def fixed_app(tmp_path: Path, status: str) -> DashboardApp:
@@ -682,7 +686,7 @@ def test_metric_rows_mark_the_metric_that_picks_the_best_checkpoint():
 
 
 def test_memory_rows_and_events_read_plainly():
-    report = MemoryReport(100, 100, 200, "cuda", 1000, 2000, 1500, 10, 20)
+    report = MemoryUsage(100, 100, 200, "cuda", 1000, 2000, 1500, 10, 20)
     rows = {r.label: r for r in memory_rows(report)}
     assert rows["params"].scale == 400 and rows["activ."].value == 1100 and rows["cuda"].peak == 1500
     assert describe_event("logged", 3, {"loss": 1.0}) is None
@@ -690,16 +694,18 @@ def test_memory_rows_and_events_read_plainly():
     assert describe_event("saved", 7, {"checkpoint": "/x/checkpoint-7"}) == ("good", "step 7: saved checkpoint-7")
 
 
-def test_parse_edits_and_overrides():
-    assert parse_edits({"learning_rate": "1e-4", "eval_steps": "50"}, 10) == {"learning_rate": 1e-4, "eval_steps": 50}
+def test_the_forms_text_is_read_by_the_session_layer():
+    # What the edit and branch forms send (text as typed) and how the session layer reads it.
+    assert validate_edits({"learning_rate": "1e-4", "eval_steps": "50"}, 10) == {"learning_rate": 1e-4, "eval_steps": 50}
     for texts, message in [({"learning_rate": "x"}, "not a number"), ({"max_steps": "2.5"}, "whole number"),
                            ({"max_steps": "5"}, "below the current step"), ({}, "nothing to change"),
                            ({"learning_rate": "1e-3", "lr_scale": "2"}, "not both"),
                            ({"lr_scale": "0"}, "positive")]:
         with pytest.raises(ValueError, match=message):
-            parse_edits(texts, 10)
+            validate_edits(texts, 10)
     assert parse_overrides("warmup_steps=10, training.lr_scheduler_type=linear") == {
         "warmup_steps": 10, "lr_scheduler_type": "linear"}
+    assert parse_overrides({"learning_rate": "1e-3", "max_steps": ""}) == {"learning_rate": 1e-3}
     with pytest.raises(ValueError, match="key=value"):
         parse_overrides("oops")
 

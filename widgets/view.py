@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench.session.state import ENDED, Status
+from workbench.session.state import is_timing_metric
+
 __all__ = [
     "TERMINAL",
     "TRAIN_SERIES",
@@ -42,7 +45,7 @@ Point = tuple[int, float]
 
 # Series names the dashboard charts itself; everything else from an evaluation is a metric.
 TRAIN_SERIES = ("loss", "learning_rate", "grad_norm")
-TERMINAL = ("finished", "stopped", "failed")
+TERMINAL = ENDED  # the statuses of a run that has ended (the session layer's one definition)
 
 
 # -- numbers --------------------------------------------------------------------------------
@@ -274,7 +277,7 @@ def memory_rows(report: Any) -> list[MemoryRow]:
 def _metrics_text(data: dict[str, Any], limit: int = 3) -> str:
     shown = [(k, v) for k, v in data.items()
              if isinstance(v, (int, float)) and not isinstance(v, bool)
-             and not k.endswith(("_runtime", "_per_second")) and "_mem_" not in k and k != "epoch"]
+             and not is_timing_metric(k) and "_mem_" not in k and k != "epoch"]
     shown.sort(key=lambda kv: (kv[0] != "eval_loss", kv[0]))
     return " ".join(f"{_short(k)}={fmt_number(v)}" for k, v in shown[:limit])
 
@@ -309,6 +312,8 @@ def describe_event(kind: str, step: int, data: dict[str, Any]) -> tuple[str, str
         return "info", f"step {step}: set {changes}"
     if kind == "started":
         return "info", f"step {step}: started, {data.get('max_steps', '?')} steps"
+    if kind == "deleted":
+        return "warn", f"deleted {Path(str(data.get('checkpoint', ''))).name}"
     if kind == "resume_from":
         return "info", f"resuming from {Path(str(data.get('checkpoint', ''))).name}"
     if kind == "finished":
@@ -328,7 +333,7 @@ def progress_line(snapshot: Any) -> str:
     parts.append(fmt_rate(snapshot.samples_per_second, "samples"))
     if snapshot.tokens_per_second:
         parts.append(fmt_rate(snapshot.tokens_per_second, "tok"))
-    running = snapshot.status in ("running", "evaluating", "saving")
+    running = snapshot.status in (Status.RUNNING, Status.EVALUATING, Status.SAVING)
     parts.append(f"ETA {fmt_duration(snapshot.eta) if running else '-'}")
     return " · ".join(parts)
 

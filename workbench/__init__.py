@@ -33,6 +33,8 @@ _EXPORTS = {
     "RunConfig": "config.loader",
     "build_trainer": "config.build",
     "Session": "session.local",
+    "SessionLike": "session.protocol",
+    "Status": "session.state",
     "Snapshot": "session.state",
     "SessionEvent": "session.state",
 }

@@ -1,9 +1,11 @@
-"""The Jupyter panel: a thin ipywidgets view over a workbench ``Session``.
+"""The Jupyter panel: a thin ipywidgets view over a workbench session (``SessionLike``).
 
 Training runs in the Session's own thread, so the kernel stays free while this panel
-updates. A small observer thread polls ``session.snapshot()`` at most 4 times a second and
-copies what changed into widget traits under ``hold_sync()`` (one comm message per widget
-per refresh). Buttons call the Session's command methods; nothing here touches the trainer,
+updates. A small observer thread polls ``session.snapshot()`` and ``session.events_since()``
+at most 4 times a second and copies what changed into widget traits under ``hold_sync()``
+(one comm message per widget per refresh). Buttons call the session's commands with what
+the user typed; the session checks it and the panel shows its one-line refusal, so the
+panel, the dashboard and a script refuse the same inputs. Nothing here touches the trainer,
 the model or the loop. Futures that commands return complete in the training thread; their
 callbacks only post a notice, which the observer shows, so no widget is written from there.
 """
@@ -19,10 +21,12 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ipywidgets as w
 
+from workbench.session.protocol import SessionLike, Status
+from workbench.session.state import is_timing_metric
 from workbench.widgets.view import fmt_lr, fmt_number
 
 from .charts import LiveChart, Trace
@@ -39,13 +43,12 @@ from .tables import (
     terminal,
 )
 
-if TYPE_CHECKING:
-    from workbench.session.local import Session
-
 __all__ = ["Panel", "MIN_INTERVAL"]
 
 MIN_INTERVAL = 0.25  # seconds: the observer refreshes at most 4 times a second
-_ACTIVE = ("running", "pausing", "paused", "evaluating", "saving")
+_PAUSING_NOTICE = "pausing at the next step boundary"  # replaced by "paused at step N" once it lands
+# A run that can still be paused, saved and stopped (alive, and not already stopping).
+_ACTIVE = (Status.RUNNING, Status.PAUSING, Status.PAUSED, Status.EVALUATING, Status.SAVING)
 
 
 def _button(description: str, icon: str, tooltip: str, style: str = "") -> w.Button:
@@ -59,21 +62,21 @@ class Panel(w.VBox):
     Layout, top to bottom: status line; progress bar; a row of Pause/Resume, Save,
     Evaluate, Stop and the learning-rate field with Apply; a notice line answering the last
     button press; the error area (hidden until the run fails); two charts side by side
-    (train/eval loss; learning rate and grad norm); tabs Metrics, Memory, Checkpoints,
-    Events; and below, the panels of runs branched from here.
+    (train/eval loss; learning rate and grad norm); tabs Metrics, Memory, Checkpoints
+    (resume from, delete, branch), Events; and below, the panels of runs branched from here.
     """
 
-    def __init__(self, session: "Session", interval: float = MIN_INTERVAL, autostart: bool = True) -> None:
+    def __init__(self, session: SessionLike, interval: float = MIN_INTERVAL, autostart: bool = True) -> None:
         """Build the widgets and start the observer (``autostart=False`` leaves refreshes to the caller)."""
         if not isinstance(interval, (int, float)) or not math.isfinite(interval) or interval < MIN_INTERVAL:
             raise ValueError(f"interval: at least {MIN_INTERVAL} s (the panel refreshes at most 4 times a second)")
         self.session = session
         self.interval = float(interval)
-        self.branches: list[Session] = []
+        self.branches: list[SessionLike] = []
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._events = session.subscribe(maxsize=1000)
+        self._cursor = 0  # events_since() cursor: from the run's first event, so a late panel shows them
         self._log: deque[tuple[float, str, str]] = deque(maxlen=12)
         self._notice: tuple[str, str] = ("info", "")
         self._posted: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
@@ -123,6 +126,8 @@ class Panel(w.VBox):
                                             layout=w.Layout(width="260px"))
         self.resume_button = _button("Resume from", "play", "Restart this run from the selected checkpoint "
                                      "(stop the current run first)")
+        self.delete_button = _button("Delete", "trash", "Delete the selected checkpoint (the best, the newest and "
+                                     "the one this run resumes from are kept)")
         self.branch_dir = w.Text(placeholder="branch output_dir (default: <output_dir>-branch-<step>)",
                                  layout=w.Layout(width="330px"))
         self.branch_lr = w.Text(placeholder="learning rate (optional)", layout=w.Layout(width="170px"))
@@ -130,7 +135,7 @@ class Panel(w.VBox):
                                      "another output_dir, with a different learning rate if given")
         self.events = w.HTML()
         browser = w.VBox([self.checkpoints,
-                          w.HBox([self.checkpoint_select, self.resume_button],
+                          w.HBox([self.checkpoint_select, self.resume_button, self.delete_button],
                                  layout=w.Layout(flex_flow="row wrap", align_items="center")),
                           w.HBox([self.branch_dir, self.branch_lr, self.branch_button],
                                  layout=w.Layout(flex_flow="row wrap", align_items="center"))])
@@ -141,7 +146,7 @@ class Panel(w.VBox):
         self._text_widgets = [self.status, self.progress, self.pause_button, self.save_button, self.evaluate_button,
                               self.stop_button, self.lr_field, self.notice, self.error, self.metrics,
                               self.evaluations, self.memory, self.checkpoints, self.checkpoint_select,
-                              self.resume_button, self.branch_button, self.events]
+                              self.resume_button, self.delete_button, self.branch_button, self.events]
         self._owned: list[w.Widget] = [*self._text_widgets, self.lr_apply, self.branch_dir, self.branch_lr,
                                        controls, charts, browser, self.tabs, self.branch_box,
                                        *browser.children[1:], *controls.children[4:5]]
@@ -151,6 +156,7 @@ class Panel(w.VBox):
         self.stop_button.on_click(self._guard(self._on_stop))
         self.lr_apply.on_click(self._guard(self._on_apply_lr))
         self.resume_button.on_click(self._guard(self._on_resume_from))
+        self.delete_button.on_click(self._guard(self._on_delete))
         self.branch_button.on_click(self._guard(self._on_branch))
 
         super().__init__([self.status, self.progress, controls, self.notice, self.error, charts, self.tabs,
@@ -197,7 +203,6 @@ class Panel(w.VBox):
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=10)
-        self.session.unsubscribe(self._events)
         for child in list(self.branch_box.children):
             child.close()
         self.loss_chart.close()
@@ -242,11 +247,8 @@ class Panel(w.VBox):
 
     def _drain_events(self) -> bool:
         changed = False
-        while True:
-            try:
-                event = self._events.get_nowait()
-            except queue.Empty:
-                break
+        events, self._cursor = self.session.events_since(self._cursor)
+        for event in events:
             entry = event_entry(event)
             if entry is not None:
                 self._log.append(entry)
@@ -273,25 +275,25 @@ class Panel(w.VBox):
         self.status.value = status_html(snap)
         self.progress.max = max(snap.max_steps, 1)
         self.progress.value = min(snap.step, self.progress.max)
-        self.progress.bar_style = {"paused": "warning", "pausing": "warning", "finished": "success",
-                                   "failed": "danger", "stopped": "info"}.get(status, "")
-        paused = status in ("paused", "pausing")
+        self.progress.bar_style = {Status.PAUSED: "warning", Status.PAUSING: "warning", Status.FINISHED: "success",
+                                   Status.FAILED: "danger", Status.STOPPED: "info"}.get(status, "")
+        paused = status in (Status.PAUSED, Status.PAUSING)
         self.pause_button.description = "Resume" if paused else "Pause"
         self.pause_button.icon = "play" if paused else "pause"
         self.pause_button.disabled = status not in _ACTIVE
         self.save_button.disabled = status not in _ACTIVE
         self.stop_button.disabled = status not in _ACTIVE
-        self.evaluate_button.disabled = status in ("idle", "stopping")
+        self.evaluate_button.disabled = status in (Status.IDLE, Status.STOPPING)
         lr = snap.latest("learning_rate")
         self.lr_field.placeholder = (f"learning rate (now {fmt_lr(lr)})" if lr is not None
                                      else "learning rate, e.g. 1e-4")
         self.lr_field.disabled = terminal(status)
-        if status == "paused" and self._notice[1].startswith("pausing"):
+        if status == Status.PAUSED and self._notice[1] == _PAUSING_NOTICE:
             self._notice = ("info", f"paused at step {snap.step}")
         self.notice.value = notice_html(*self._notice)
         if snap.error != self._error_text:
             self._error_text = snap.error
-            self.error.value = error_html(snap.error, self.session.error)
+            self.error.value = error_html(snap.error, snap.traceback)
             self.error.layout.display = "" if snap.error else "none"
 
         series = snap.series
@@ -306,8 +308,9 @@ class Panel(w.VBox):
             self._cache["clock"] = int(time.time())  # ages ("12s ago") tick once a second
             self.checkpoints.value = checkpoints_html(snap.checkpoints)
             self._update_checkpoint_options(snap.checkpoints)
-        can_restart = status == "idle" or terminal(status)
+        can_restart = status == Status.IDLE or terminal(status)
         self.resume_button.disabled = not can_restart or self.checkpoint_select.value is None
+        self.delete_button.disabled = self.checkpoint_select.value is None
         self.branch_button.disabled = not can_restart or self.checkpoint_select.value is None
         if log_changed:
             self.events.value = events_html(list(self._log))
@@ -354,12 +357,12 @@ class Panel(w.VBox):
         future.add_done_callback(report)
 
     def _on_pause(self) -> None:
-        if self.session.status in ("paused", "pausing"):
+        if self.session.status in (Status.PAUSED, Status.PAUSING):
             self.session.resume()
             self._set_notice("info", "resumed")
         else:
             status = self.session.pause()
-            self._set_notice("info", "pausing at the next step boundary" if status == "pausing" else status)
+            self._set_notice("info", _PAUSING_NOTICE if status == Status.PAUSING else status)
 
     def _on_save(self) -> None:
         result = self.session.save()
@@ -373,7 +376,7 @@ class Panel(w.VBox):
         result = self.session.evaluate()
         describe = lambda m: "evaluated: " + " ".join(  # noqa: E731
             f"{k.removeprefix('eval_')}={fmt_number(v)}" for k, v in m.items()
-            if isinstance(v, float) and not k.endswith(("_runtime", "_per_second")))
+            if isinstance(v, float) and not is_timing_metric(k))
         if isinstance(result, Future):
             self._set_notice("info", "evaluating at the next step end...")
             self._follow(result, describe, "evaluation")
@@ -383,22 +386,12 @@ class Panel(w.VBox):
     def _on_stop(self) -> None:
         status = self.session.stop(save=True)
         self._set_notice("warn", "stopping: a checkpoint is saved at the next safe point"
-                         if status == "stopping" else f"nothing to stop: the run is {status}")
-
-    def parse_learning_rate(self, text: str) -> float:
-        """The float in ``text`` (e.g. "3e-4"); ValueError with a readable reason otherwise."""
-        text = text.strip()
-        if not text:
-            raise ValueError("learning rate: type a number, e.g. 1e-4")
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(f"learning rate: {text!r} is not a number") from None
-        return value
+                         if status == Status.STOPPING else f"nothing to stop: the run is {status}")
 
     def _on_apply_lr(self) -> None:
-        value = self.parse_learning_rate(self.lr_field.value)
-        result = self.session.set(learning_rate=value)  # ValueError for negative/NaN/inf
+        # The session reads and checks the text (the one learning-rate rule); its refusal is the notice.
+        value = self.session.validate_edits({"learning_rate": self.lr_field.value})["learning_rate"]
+        result = self.session.set(learning_rate=value)
         if isinstance(result, Future):
             self._set_notice("info", f"learning rate {fmt_lr(value)}: applied at the next step end")
             self._follow(result, lambda applied: f"learning rate set to {fmt_lr(applied['learning_rate'])}", "edit")
@@ -412,6 +405,12 @@ class Panel(w.VBox):
             raise ValueError("no checkpoint selected")
         return path
 
+    def _on_delete(self) -> None:
+        name = Path(self._selected_checkpoint()).name
+        self.session.delete_checkpoint(name)  # the session refuses the protected and the one in use
+        self._cache.pop("checkpoints", None)
+        self._set_notice("warn", f"deleted {name}")
+
     def _on_resume_from(self) -> None:
         path = self._selected_checkpoint()
         self.session.resume_from(path)
@@ -420,11 +419,9 @@ class Panel(w.VBox):
 
     def _on_branch(self) -> None:
         path = self._selected_checkpoint()
-        overrides: dict[str, Any] = {}
-        if self.branch_lr.value.strip():
-            overrides["learning_rate"] = self.parse_learning_rate(self.branch_lr.value)
-            if not math.isfinite(overrides["learning_rate"]) or overrides["learning_rate"] < 0:
-                raise ValueError(f"learning rate: expected a number >= 0, got {self.branch_lr.value.strip()}")
+        # Read and checked by the session (check_branch inside branch()): the same refusals as
+        # the dashboard's form and session.branch() in a script.
+        overrides = self.session.parse_overrides({"learning_rate": self.branch_lr.value})
         output_dir = self.branch_dir.value.strip()
         if not output_dir:
             base = self.session.snapshot().output_dir

@@ -11,10 +11,11 @@ from __future__ import annotations
 import html
 import math
 import time
-import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from workbench.session.state import Status
+from workbench.session.state import is_timing_metric
 from workbench.widgets.view import (
     TERMINAL,
     TRAIN_SERIES,
@@ -46,9 +47,9 @@ __all__ = [
 ]
 
 STATUS_COLORS = {
-    "idle": "#888888", "running": "#2e9d4f", "pausing": "#d68a00", "paused": "#d68a00",
-    "evaluating": "#2f7fd1", "saving": "#2f7fd1", "stopping": "#d68a00", "finished": "#2f7fd1",
-    "stopped": "#888888", "failed": "#d13b3b",
+    Status.IDLE: "#888888", Status.RUNNING: "#2e9d4f", Status.PAUSING: "#d68a00", Status.PAUSED: "#d68a00",
+    Status.EVALUATING: "#2f7fd1", Status.SAVING: "#2f7fd1", Status.STOPPING: "#d68a00", Status.FINISHED: "#2f7fd1",
+    Status.STOPPED: "#888888", Status.FAILED: "#d13b3b",
 }
 LEVEL_COLORS = {"info": "inherit", "good": "#2e9d4f", "warn": "#d68a00", "error": "#d13b3b"}
 
@@ -163,7 +164,7 @@ def memory_html(report: Any) -> str:
 
 def _key_metrics(metrics: Mapping[str, Any]) -> str:
     shown = sorted(((k, v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-                    and not k.endswith(("_runtime", "_per_second")) and k != "epoch"),
+                    and not is_timing_metric(k) and k != "epoch"),
                    key=lambda kv: (kv[0] != "eval_loss", kv[0]))[:3]
     return " ".join(f"{k.removeprefix('eval_')}={fmt_number(float(v))}" for k, v in shown) or "-"
 
@@ -205,15 +206,15 @@ def event_entry(event: Any) -> tuple[float, str, str] | None:
     return (event.time, *described)
 
 
-def error_html(message: str | None, error: BaseException | None = None) -> str:
-    """The error area of a failed run: the exception line, and its traceback folded away."""
+def error_html(message: str | None, trace_text: str | None = None) -> str:
+    """The error area of a failed run: the exception line, and its traceback (text, from the
+    snapshot) folded away."""
     if not message:
         return ""
     trace = ""
-    if error is not None:
-        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    if trace_text:
         trace = (f"<details><summary>traceback</summary><pre style=\"font-size:11px;white-space:pre-wrap\">"
-                 f"{_e(text)}</pre></details>")
+                 f"{_e(trace_text)}</pre></details>")
     return (f'<div class="wb-error" style="border-left:4px solid #d13b3b;background:rgba(209,59,59,.1);'
             f'padding:4px 10px;margin:4px 0"><b>Training failed</b>: {_e(message)}{trace}</div>')
 

@@ -1,11 +1,11 @@
-"""The dashboard app: a thin view over a ``Session`` that also steers it.
+"""The dashboard app: a thin view over a session (``SessionLike``) that also steers it.
 
 Threading (DESIGN.md section 4):
 
 - the training thread never calls into the app; the app *polls* ``session.snapshot()`` (an
   immutable object swapped atomically) with ``set_interval`` at ~8 Hz;
-- events reach the app through ``EventBridge``, a thread that waits on the session's event
-  queue and posts each event with ``post_message`` (thread-safe);
+- events reach the app through ``EventBridge``, a thread that polls the session's
+  ``events_since()`` and posts each event with ``post_message`` (thread-safe);
 - commands that may take a while (save or evaluate while paused, waiting for a stop) run in
   short-lived threads that report back with ``post_message`` too. Quick commands (pause,
   resume, stop, queuing a save) are called directly: they only set flags.
@@ -27,6 +27,7 @@ from typing import Any
 from textual.app import App
 from textual.binding import Binding
 
+from workbench.session.protocol import CheckpointRow, SessionLike, Snapshot, Status
 from workbench.widgets.view import TERMINAL, fmt_lr, fmt_number
 
 from .bridge import EventBridge, LogForwarder
@@ -40,17 +41,17 @@ from .messages import CommandFinished, LogRecordArrived, RunReplaced, SessionEve
 
 __all__ = ["DashboardApp", "OUTCOMES"]
 
-# What the app returns from run(), and the exit code the CLI gives each (DESIGN.md).
-OUTCOMES = {
-    "finished": 0,     # the run ended on its own (or had ended when the user quit)
-    "saved": 0,        # quit dialog: stop and save (q then Enter)
-    "stopped": 130,    # quit dialog: stop without saving
-    "interrupted": 130,  # ctrl+c: stop and save, then exit
-    "aborted": 130,    # a second ctrl+c: exit without waiting for the save
-    "terminated": 143,  # SIGTERM: stop and save, then exit (schedulers must see "preempted")
-    "failed": 1,
-    "crashed": 1,      # the dashboard itself failed; the run was stopped and saved
-}
+# What the app returns from run(); the CLI turns each into an exit code (workbench/exit_codes.py).
+OUTCOMES = (
+    "finished",     # the run ended on its own (or had ended when the user quit)
+    "saved",        # quit dialog: stop and save (q then Enter)
+    "stopped",      # quit dialog: stop without saving
+    "interrupted",  # ctrl+c: stop and save, then exit
+    "aborted",      # a second ctrl+c: exit without waiting for the save
+    "terminated",   # SIGTERM: stop and save, then exit
+    "failed",
+    "crashed",      # the dashboard itself failed; the run was stopped and saved
+)
 
 
 class DashboardApp(App[str]):
@@ -70,7 +71,7 @@ class DashboardApp(App[str]):
         Binding("ctrl+q", "request_quit", "quit", show=False, priority=True),
     ]
 
-    def __init__(self, session: Any, *, autostart: bool = True, poll_interval: float = 0.25,
+    def __init__(self, session: SessionLike, *, autostart: bool = True, poll_interval: float = 0.25,
                  frozen: bool = False, clock: Callable[[], float] = time.time,
                  handle_signals: bool = False) -> None:
         super().__init__()
@@ -82,10 +83,9 @@ class DashboardApp(App[str]):
         self.handle_signals = handle_signals
         self.dashboard = DashboardScreen()
         self._generation = 0
-        # Subscribe before the session starts so the first events are not missed.
         self._bridge = EventBridge(self, session, self._generation)
         self._logs = LogForwarder(self)
-        self._snapshot: Any = None
+        self._snapshot: Snapshot | None = None
         self._quitting: str | None = None  # the outcome to exit with once the run has stopped
         self._exiting = False
 
@@ -97,7 +97,7 @@ class DashboardApp(App[str]):
     def on_mount(self) -> None:
         self._logs.install()
         self._bridge.start()
-        if self.autostart and self.session.status == "idle":
+        if self.autostart and self.session.status == Status.IDLE:
             self.session.start()
         self.set_interval(self.poll_interval, self.poll)
         self.call_after_refresh(self.poll)
@@ -135,7 +135,7 @@ class DashboardApp(App[str]):
 
     def outcome(self) -> str:
         """How the app ends, given the run's status and what the user asked for."""
-        if self.session.status == "failed":
+        if self.session.status == Status.FAILED:
             return "failed"
         return self._quitting or "finished"
 
@@ -165,7 +165,7 @@ class DashboardApp(App[str]):
     def on_run_replaced(self, message: RunReplaced) -> None:
         self.follow(message.session)
         self.log_line("info", message.note)
-        if message.session.status == "idle":
+        if message.session.status == Status.IDLE:
             message.session.start()
 
     def log_line(self, level: str, text: str) -> None:
@@ -191,7 +191,7 @@ class DashboardApp(App[str]):
 
     def _ended(self, what: str) -> bool:
         status = self.session.status
-        if status in TERMINAL or status == "idle":
+        if status in TERMINAL or status == Status.IDLE:
             self.notify(f"cannot {what}: the run is {status}", severity="warning")
             return True
         return False
@@ -199,9 +199,9 @@ class DashboardApp(App[str]):
     def action_toggle_pause(self) -> None:
         """Pause at the next step boundary, or resume a paused run."""
         status = self.session.status
-        if status in ("paused", "pausing"):
+        if status in (Status.PAUSED, Status.PAUSING):
             self.session.resume()
-        elif not self._ended("pause") and status != "stopping":
+        elif not self._ended("pause") and status != Status.STOPPING:
             self.session.pause()
         self.poll()
 
@@ -212,7 +212,7 @@ class DashboardApp(App[str]):
 
     def action_evaluate(self) -> None:
         """Evaluate now (at the next step end while running; at once when paused or ended)."""
-        if self.session.status == "idle":
+        if self.session.status == Status.IDLE:
             self.notify("cannot evaluate: the run has not started", severity="warning")
             return
         self.run_command("evaluate", self.session.evaluate)
@@ -223,7 +223,7 @@ class DashboardApp(App[str]):
 
     def action_inspect(self) -> None:
         """Open the inspect screen (it pauses a running run first)."""
-        if self.session.status == "idle":
+        if self.session.status == Status.IDLE:
             self.notify("nothing to inspect yet", severity="warning")
             return
         self.push_screen(InspectScreen(frozen=self.frozen))
@@ -252,7 +252,7 @@ class DashboardApp(App[str]):
     def action_request_quit(self) -> None:
         """Quit at once when the run has ended; otherwise ask how to stop it."""
         status = self.session.status
-        if status in TERMINAL or status == "idle":
+        if status in TERMINAL or status == Status.IDLE:
             self.exit(self.outcome())
             return
         if self._quitting is not None:
@@ -278,7 +278,7 @@ class DashboardApp(App[str]):
         """ctrl+c: stop and save, then exit (130); a second ctrl+c exits at once."""
         if self._quitting is not None:
             self.exit("aborted")
-        elif self.session.status in TERMINAL or self.session.status == "idle":
+        elif self.session.status in TERMINAL or self.session.status == Status.IDLE:
             self.exit(self.outcome())
         else:
             self._stop_and_exit("interrupted", save=True)
@@ -292,8 +292,8 @@ class DashboardApp(App[str]):
 
     # -- switching runs ----------------------------------------------------------------------------
 
-    def follow(self, session: Any) -> None:
-        """Make the dashboard show and steer ``session`` (subscribing before it starts)."""
+    def follow(self, session: SessionLike) -> None:
+        """Make the dashboard show and steer ``session`` (its events from the first one)."""
         if session is not self.session:
             self._bridge.close()
             self._generation += 1
@@ -306,7 +306,7 @@ class DashboardApp(App[str]):
             self.pop_screen()
         self.poll()
 
-    def resume_from(self, checkpoint: Any) -> None:
+    def resume_from(self, checkpoint: CheckpointRow) -> None:
         """Stop the current run (without saving) and resume it from ``checkpoint``."""
         session = self.session
         self.log_line("warn", f"stopping to resume from {checkpoint.name}…")
@@ -318,7 +318,7 @@ class DashboardApp(App[str]):
 
         self.run_command("resume", work)
 
-    def branch_from(self, checkpoint: Any, output_dir: str, overrides: dict[str, Any]) -> None:
+    def branch_from(self, checkpoint: CheckpointRow, output_dir: str, overrides: dict[str, Any]) -> None:
         """Stop the current run (without saving) and follow a new run branched from ``checkpoint``."""
         session = self.session
         shown = ", ".join(f"{k}={v}" for k, v in overrides.items()) or "no overrides"
@@ -332,9 +332,9 @@ class DashboardApp(App[str]):
         self.run_command("branch", work)
 
 
-def _stop_and_wait(session: Any) -> None:
+def _stop_and_wait(session: SessionLike) -> None:
     """Stop ``session`` without saving and wait for its thread (a failed run is fine here)."""
-    if session.status not in TERMINAL and session.status != "idle":
+    if session.status not in TERMINAL and session.status != Status.IDLE:
         session.stop(save=False)
     try:
         session.wait()

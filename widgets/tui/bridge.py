@@ -1,36 +1,36 @@
-"""The event bridge: a thread that moves SessionEvents from the session's queue to the app.
+"""The event bridge: a thread that moves SessionEvents from the session to the app.
 
-The session delivers events into a ``queue.Queue`` from the training thread. Waiting on
-that queue would block the app's event loop, so a small daemon thread waits instead and
-posts each event to the app with ``post_message`` (thread-safe). The training thread
-itself never touches the app: if the app is slow, only this queue grows (and the session
-drops the oldest events rather than block training).
+The session keeps its recent events and hands them out with ``events_since(cursor)``, a
+plain poll that also works for a session in another process. Polling from the app's event
+loop would stall it whenever the session is slow to answer, so a small daemon thread polls
+instead and posts each event to the app with ``post_message`` (thread-safe). The training
+thread itself never touches the app.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from typing import Any
+
+from workbench.session.protocol import SessionLike
 
 from .messages import LogRecordArrived, SessionEventArrived
 
 __all__ = ["EventBridge", "LogForwarder"]
 
+POLL_S = 0.1  # how often the bridge asks for new events: quick enough to read as live
+
 
 class EventBridge:
-    """Forward one session's events to ``app`` until ``close()``.
+    """Forward one session's events to ``app`` until ``close()``, from its first event on
+    (so the start and an eval_on_start evaluation are shown even if the bridge starts late)."""
 
-    ``subscribe()`` happens in the constructor, before the session starts, so the first
-    events (the start, the eval_on_start evaluation) are not missed.
-    """
-
-    def __init__(self, app: Any, session: Any, generation: int) -> None:
+    def __init__(self, app: Any, session: SessionLike, generation: int) -> None:
         self.app = app
         self.session = session
         self.generation = generation
-        self.queue: queue.Queue = session.subscribe()
+        self.cursor = 0
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -42,16 +42,14 @@ class EventBridge:
 
     def _forward(self) -> None:
         while not self._closed.is_set():
-            try:
-                event = self.queue.get(timeout=0.2)  # the timeout only bounds how long close() waits
-            except queue.Empty:
-                continue
-            self.app.post_message(SessionEventArrived(event, self.generation))
+            events, self.cursor = self.session.events_since(self.cursor)
+            for event in events:
+                self.app.post_message(SessionEventArrived(event, self.generation))
+            self._closed.wait(POLL_S)
 
     def close(self) -> None:
-        """Stop forwarding and unsubscribe from the session."""
+        """Stop forwarding."""
         self._closed.set()
-        self.session.unsubscribe(self.queue)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=1.0)
 

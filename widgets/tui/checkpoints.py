@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rich.text import Text
@@ -13,6 +12,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
+from workbench.session.protocol import ENDED, CheckpointRow, Status
 from workbench.widgets.view import fmt_age, fmt_bytes, fmt_number
 
 from .details import checkpoint_details, key_metrics
@@ -44,7 +44,7 @@ class CheckpointsScreen(Screen):
 
     def __init__(self) -> None:
         super().__init__(id="checkpoints")
-        self.rows: list[Any] = []
+        self.rows: list[CheckpointRow] = []
         self._catalog: Any = None
 
     def compose(self) -> ComposeResult:
@@ -63,8 +63,8 @@ class CheckpointsScreen(Screen):
     # -- data ----------------------------------------------------------------------------------
 
     @property
-    def selected(self) -> Any:
-        """The CheckpointInfo under the cursor, or None."""
+    def selected(self) -> CheckpointRow | None:
+        """The catalog row under the cursor, or None."""
         table = self.query_one(DataTable)
         if not self.rows or table.cursor_row is None or not 0 <= table.cursor_row < len(self.rows):
             return None
@@ -112,8 +112,7 @@ class CheckpointsScreen(Screen):
         info = self.selected
         if info is None:
             return
-        args = self.app.session.args
-        current = json.loads(args.to_json_string()) if hasattr(args, "to_json_string") else None
+        current = self.app.session.arguments()
         self.query_one("#ckpt-detail", Static).update("\n".join(checkpoint_details(info, current)))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -137,7 +136,7 @@ class CheckpointsScreen(Screen):
             if yes:
                 self.app.resume_from(info)
 
-        running = self.app.session.status not in ("finished", "stopped", "failed", "idle")
+        running = self.app.session.status not in ENDED and self.app.session.status != Status.IDLE
         question = f"Resume from {info.name}?"
         if running:
             question += "\nThe current run stops now, without saving."
@@ -154,28 +153,25 @@ class CheckpointsScreen(Screen):
             if result is not None:
                 self.app.branch_from(info, *result)
 
-        self.app.push_screen(BranchForm(self.app.session.args, info), chosen)
+        self.app.push_screen(BranchForm(self.app.session, info), chosen)
 
     def action_delete(self) -> None:
-        """Delete the selected checkpoint after confirmation; the best and the newest are refused."""
+        """Delete the selected checkpoint after confirmation, through the session (which
+        refuses the best, the newest complete one and the one the run resumes from)."""
         info = self.selected
         if info is None:
             return
-        if info.protected:
+        if info.protected:  # the row says so already: refuse without asking (the session would too)
             self.notify(f"{info.name} is protected (the best or the newest checkpoint)", severity="error")
             return
 
         def confirmed(yes: bool | None) -> None:
             if not yes:
                 return
-            from workbench.checkpoint.store import CheckpointStore
-
             try:
-                CheckpointStore(self.app.session.args.output_dir).delete(info.name)
-            except (OSError, ValueError) as exc:
+                self.app.session.delete_checkpoint(info.name)  # logged by the session's "deleted" event
+            except (OSError, ValueError, RuntimeError) as exc:
                 self.notify(str(exc), severity="error")
-            else:
-                self.app.log_line("warn", f"deleted {info.name}")
             self.reload()
 
         self.app.push_screen(ConfirmDialog(f"Delete {info.name} ({fmt_bytes(info.size)})? This cannot be undone.",

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from workbench.session.state import is_timing_metric
 from workbench.widgets.view import fmt_bytes, fmt_number
 
 __all__ = ["checkpoint_details", "config_differences", "key_metrics"]
@@ -21,7 +22,7 @@ _NOISE = {"logging_dir", "run_name", "output_dir"}
 def key_metrics(rows: list[Any], limit: int = 2) -> list[str]:
     """The metric columns of the catalog: eval_loss first, then the other eval metrics by name."""
     names = {k for r in rows for k, v in r.metrics.items()
-             if isinstance(v, (int, float)) and not k.endswith(("_runtime", "_per_second"))}
+             if isinstance(v, (int, float)) and not is_timing_metric(k)}
     return sorted(names, key=lambda k: (k != "eval_loss", k))[:limit]
 
 
@@ -64,13 +65,12 @@ def checkpoint_details(info: Any, current_args: dict[str, Any] | None) -> list[s
     if info.problem:
         lines.append(f"[red]{info.problem}[/]")
 
-    metrics = {k: v for k, v in info.metrics.items() if not k.endswith(("_runtime", "_per_second"))}
+    metrics = {k: v for k, v in info.metrics.items() if not is_timing_metric(k)}
     lines.append("")
     lines.append("[b]metrics[/b]")
     lines += [f"  {k} = {fmt_number(v)}" for k, v in sorted(metrics.items())] or ["  (no evaluation at this step)"]
 
-    state = _read_json(path / "trainer_state.json") or {}
-    edits = state.get("live_edits") or []
+    edits = info.edits
     lines.append("")
     lines.append("[b]live edits[/b]")
     for edit in edits:

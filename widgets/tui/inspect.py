@@ -19,11 +19,10 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 from textual.worker import Worker, WorkerState
 
+from workbench.session.protocol import MemoryUsage, Status
 from workbench.widgets.view import fmt_bytes, fmt_lr, fmt_number
 
 __all__ = ["InspectScreen", "inspect_summary", "memory_line"]
-
-TERMINAL = ("finished", "stopped", "failed")
 
 
 def inspect_summary(report: dict[str, Any]) -> list[str]:
@@ -49,8 +48,8 @@ def _numel(shape: Any) -> int:
     return n
 
 
-def memory_line(report: Any, host: bool = True) -> str:
-    """Every figure of a MemoryReport in two lines: the model's tensors, then device and host."""
+def memory_line(report: MemoryUsage | None, host: bool = True) -> str:
+    """Every figure of a memory reading in two lines: the model's tensors, then device and host."""
     if report is None:
         return "memory: -"
     first = (f"memory: parameters {fmt_bytes(report.parameters)} · gradients {fmt_bytes(report.gradients)}"
@@ -105,15 +104,13 @@ class InspectScreen(Screen):
         self._read()
 
     @work(thread=True, exclusive=True, group="inspect", exit_on_error=False)
-    def _read(self) -> tuple[dict[str, Any], Any, bool]:
+    def _read(self) -> tuple[dict[str, Any], MemoryUsage, bool]:
         session = self.app.session
-        if session.status in ("running", "pausing", "evaluating", "saving"):
+        if session.status in (Status.RUNNING, Status.PAUSING, Status.EVALUATING, Status.SAVING):
             session.pause(wait=True)  # a blocking wait: this is a worker thread, not the UI
         report = session.inspect()
         memory = session.memory()
-        model = session.model
-        can_sample = hasattr(model, "generate") and "CausalLM" in (getattr(model, "loss_type", None) or type(model).__name__)
-        return report, memory, can_sample
+        return report, memory, bool(report.get("can_sample"))
 
     @work(thread=True, exclusive=True, group="sample", exit_on_error=False)
     def _sample(self, prompt: str) -> str:
@@ -132,7 +129,7 @@ class InspectScreen(Screen):
             text.append(worker.result)
             self.query_one("#sample", Static).update(text)
 
-    def show_report(self, report: dict[str, Any], memory: Any, can_sample: bool) -> None:
+    def show_report(self, report: dict[str, Any], memory: MemoryUsage | None, can_sample: bool) -> None:
         """Fill the table and the side panel from an ``inspect()`` report."""
         self.report = report
         self.query_one("#inspect-summary", Static).update("\n".join(inspect_summary(report)))

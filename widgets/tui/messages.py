@@ -11,13 +11,15 @@ from typing import Any
 
 from textual.message import Message
 
+from workbench.session.protocol import SessionEvent, SessionLike
+
 __all__ = ["SessionEventArrived", "CommandFinished", "RunReplaced", "LogRecordArrived"]
 
 
 class SessionEventArrived(Message):
     """A ``SessionEvent`` from the session of generation ``generation``."""
 
-    def __init__(self, event: Any, generation: int) -> None:
+    def __init__(self, event: SessionEvent, generation: int) -> None:
         super().__init__()
         self.event = event
         self.generation = generation
@@ -36,7 +38,7 @@ class CommandFinished(Message):
 class RunReplaced(Message):
     """The dashboard now follows ``session`` (after a resume-from or a branch)."""
 
-    def __init__(self, session: Any, note: str) -> None:
+    def __init__(self, session: SessionLike, note: str) -> None:
         super().__init__()
         self.session = session
         self.note = note

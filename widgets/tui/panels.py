@@ -12,6 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
 from textual.widgets import RichLog, Static
 
+from workbench.session.state import Status
 from workbench.widgets.view import (
     MemoryRow,
     MetricRow,
@@ -27,7 +28,7 @@ from workbench.widgets.view import (
 
 __all__ = ["RunHeader", "ProgressPanel", "MetricsTable", "MemoryPanel", "EventLog", "SummaryPanel"]
 
-STATUSES = ("idle", "running", "pausing", "paused", "evaluating", "saving", "stopping", "finished", "stopped", "failed")
+STATUSES = tuple(Status)  # one CSS class per status: .status-idle, .status-running, ...
 
 
 def set_text(widget: Static, content: str | Text) -> None:

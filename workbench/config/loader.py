@@ -37,7 +37,8 @@ from workbench.train.args import ArgumentError, TrainingArguments
 
 __all__ = [
     "ConfigError", "DataSpec", "ModelSpec", "RunConfig", "config_from_dict", "dump_config",
-    "load_config", "parse_override", "starter_config_text", "write_resolved_config",
+    "load_config", "parse_override", "parse_overrides", "check_training_overrides", "starter_config_text",
+    "write_resolved_config",
 ]
 
 TOP_KEYS = ("run_name", "model", "data", "training", "hooks")
@@ -191,6 +192,48 @@ def parse_override(text: str) -> tuple[str, Any]:
     except tomllib.TOMLDecodeError:
         value = value_text
     return key, value
+
+
+def parse_overrides(text: str | Mapping[str, str]) -> dict[str, Any]:
+    """Typed-in overrides of one run's TrainingArguments (a branch) as a dict.
+
+    ``text`` is ``"warmup_steps=10, training.lr_scheduler_type=linear"`` (comma- or
+    line-separated KEY=VALUE pairs), or a mapping of key to the text of one value (form
+    fields; empty ones are left out). Each value is read as :func:`parse_override` reads
+    it (TOML, else plain text); a leading ``training.`` is dropped. Check the result with
+    :func:`check_training_overrides`. Raises ConfigError on a pair without ``=``.
+    """
+    if isinstance(text, Mapping):
+        pairs = [(str(key), str(value).strip()) for key, value in text.items() if str(value).strip()]
+        parsed = [(key, parse_override(f"{key}={value}")[1]) for key, value in pairs]
+    else:
+        parsed = []
+        for part in (p.strip() for p in text.replace("\n", ",").split(",")):
+            if not part:
+                continue
+            if "=" not in part:
+                raise ConfigError(f"{part!r}: expected key=value (e.g. warmup_steps=10)")
+            parsed.append(parse_override(part))
+    return {key.strip().removeprefix("training."): value for key, value in parsed}
+
+
+def check_training_overrides(overrides: Mapping[str, Any], *,
+                             args_cls: type[TrainingArguments] = TrainingArguments) -> dict[str, Any]:
+    """Check the names and value types of TrainingArguments overrides as a config file's
+    ``[training]`` table is checked (unknown names with a "did you mean", no text where a
+    number belongs); returns them validated. Combinations are left to ``args_cls`` itself.
+    Raises ConfigError (a ValueError) with one line.
+    """
+    loader = _Loader("", Path.cwd(), {}, {}, args_cls)
+    names = [f.name for f in dataclasses.fields(args_cls) if f.init]
+    hints = _field_hints(args_cls)
+    checked = {}
+    for name, value in overrides.items():
+        name = str(name).removeprefix("training.")
+        if name not in names:
+            raise loader.unknown(("training", name), names, f"not a field of {args_cls.__name__}")
+        checked[name] = loader.check_type(("training", name), value, hints.get(name, Any))
+    return checked
 
 
 def dump_config(run_config: RunConfig) -> str:

@@ -15,7 +15,7 @@ from workbench.train.trainer_utils import unwrap_model
 if TYPE_CHECKING:
     from workbench.train.trainer import Trainer
 
-__all__ = ["inspect_model", "sample_text"]
+__all__ = ["inspect_model", "sample_text", "can_sample"]
 
 
 def _optimizer_update(optimizer: Any, param: torch.nn.Parameter, lr: float) -> torch.Tensor | None:
@@ -64,6 +64,14 @@ def inspect_model(trainer: "Trainer") -> dict[str, Any]:
     if isinstance(batch, dict):
         shapes = {k: tuple(v.shape) for k, v in batch.items() if isinstance(v, torch.Tensor)}
     return {"step": trainer.state.global_step, "layers": rows, "learning_rates": lrs, "batch_shapes": shapes}
+
+
+def can_sample(trainer: "Trainer") -> bool:
+    """Whether sample_text() can generate with this run: a causal LM with ``generate()`` and
+    a processing class (tokenizer) to turn a prompt into ids and back."""
+    model = unwrap_model(trainer.model)
+    causal = "CausalLM" in (getattr(model, "loss_type", None) or type(model).__name__)
+    return hasattr(model, "generate") and causal and trainer.processing_class is not None
 
 
 def sample_text(trainer: "Trainer", prompt: str, max_new_tokens: int = 64, temperature: float = 0.8,

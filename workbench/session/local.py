@@ -6,16 +6,20 @@ The worker thread runs ``trainer.train()``. Commands from any thread go on a que
 at the start of the next step; while it is blocked, inspection and evaluation run in the
 caller's thread, with every RNG state saved and restored so the resumed run stays bitwise
 equal to one never paused. Front-ends read ``snapshot()`` (immutable, swapped atomically)
-and ``events()``; they never touch the trainer.
+and ``events_since()``; they never touch the trainer. The methods front-ends use are the
+``SessionLike`` protocol (protocol.py); each command is checked here, once, for all of them.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
+import itertools
 import queue
 import threading
 import time
-from collections.abc import Iterator
+import traceback
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,17 +27,17 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.train.callbacks import TrainerCallback
 from workbench.distributed.rank_sync import HEARTBEAT_S
-from workbench.session.state import SeriesStore, SessionEvent, Snapshot
-from workbench.train.edits import EDITABLE, apply_edit, evaluate_between_steps, save_between_steps
+from workbench.session.state import ENDED, CheckpointRow, MemoryUsage, SeriesStore, SessionEvent, Snapshot, Status
+from workbench.train.edits import apply_edit, evaluate_between_steps, save_between_steps, validate_edits
 from workbench.train.rng import rng_preserved
 from workbench.train.trainer_utils import unwrap_model
 
 if TYPE_CHECKING:
     from workbench.train.trainer import Trainer
 
-__all__ = ["Session", "Snapshot", "SessionEvent"]
+__all__ = ["Session", "Snapshot", "SessionEvent", "Status"]
 
-_TERMINAL = ("finished", "stopped", "failed")
+EVENT_HISTORY = 2000  # events kept for events_since(); a reader further behind loses the oldest
 
 
 def _chain(source: Future, target: Future) -> None:
@@ -78,7 +82,7 @@ class SessionCallback(TrainerCallback):
         self.session._on_log(state, logs or {})
 
     def on_prediction_step(self, args, state, control, **kwargs):
-        self.session._set_status("evaluating", only_from=("running",))
+        self.session._set_status(Status.EVALUATING, only_from=(Status.RUNNING,))
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         self.session._on_evaluate(state, metrics or {})
@@ -103,9 +107,12 @@ class Session:
         self._unpaused = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._status = "idle"
+        self._traceback: str | None = None
+        self._status = Status.IDLE
         self._series = SeriesStore()
         self._subscribers: list[queue.Queue] = []
+        self._history: collections.deque[SessionEvent] = collections.deque(maxlen=EVENT_HISTORY)
+        self._emitted = 0  # events emitted so far: the cursor events_since() hands out
         self._edits: list[dict[str, Any]] = []
         self._started_at: float | None = None
         self._start_step = 0
@@ -148,9 +155,9 @@ class Session:
         with self._lock:
             if self._thread is not None and self._thread.is_alive():
                 raise RuntimeError("this session is already running; pause(), stop() or wait() for it")
-            self._error = None
+            self._error = self._traceback = None
             self._ended.clear()
-            self._set_status("running")
+            self._set_status(Status.RUNNING)
             self._thread = threading.Thread(target=self._work, name="workbench-train", daemon=True)
             self._thread.start()
         return self
@@ -160,18 +167,19 @@ class Session:
             self.trainer.train(resume_from_checkpoint=self._resume)
         except BaseException as exc:  # noqa: BLE001 - surfaced through status, snapshot and wait()
             self._error = exc
-            self._set_status("failed")
+            self._traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            self._set_status(Status.FAILED)
             self._emit("failed", error=f"{type(exc).__name__}: {exc}")
         else:
             stopped = self.trainer.stop_decision.is_set() or self.trainer.state.global_step < self.trainer.state.max_steps
-            self._set_status("stopped" if stopped else "finished")
+            self._set_status(Status.STOPPED if stopped else Status.FINISHED)
             self._emit("finished", stopped=stopped)
         finally:
             self._fail_pending()
             self._publish()
             self._ended.set()
 
-    def wait(self, timeout: float | None = None) -> str:
+    def wait(self, timeout: float | None = None) -> Status:
         """Block until the run ends (or ``timeout``); re-raise its error. Returns the status.
 
         Interrupting the kernel (KeyboardInterrupt) while waiting pauses the run and returns,
@@ -194,8 +202,9 @@ class Session:
         return self.status
 
     @property
-    def status(self) -> str:
-        """idle, running, pausing, paused, evaluating, saving, stopping, finished, stopped or failed."""
+    def status(self) -> Status:
+        """Where the run is (a str enum: idle, running, pausing, paused, evaluating, saving,
+        stopping, finished, stopped or failed)."""
         return self._status
 
     @property
@@ -210,48 +219,48 @@ class Session:
 
     # -- commands ----------------------------------------------------------------------
 
-    def pause(self, wait: bool = False, timeout: float | None = None) -> str:
+    def pause(self, wait: bool = False, timeout: float | None = None) -> Status:
         """Pause at the next step boundary ("pausing" until then; wait=True blocks until "paused")."""
         self._require_main("pause")
         with self._lock:
-            if self._status in _TERMINAL or self._status in ("idle", "stopping"):
+            if self._status in ENDED or self._status in (Status.IDLE, Status.STOPPING):
                 return self._status
             self._pause_requested.set()
             if self._blocked:
                 # Paused again before the worker woke from the last pause: it never left
                 # the step boundary, so the run is paused now (not "pausing" forever).
-                if self._status != "paused":
-                    self._set_status("paused")
+                if self._status != Status.PAUSED:
+                    self._set_status(Status.PAUSED)
                     self._emit("paused")
                     self._log_event("pause")
-            elif self._status != "paused":
-                self._set_status("pausing")
+            elif self._status != Status.PAUSED:
+                self._set_status(Status.PAUSING)
         if wait:
             deadline = None if timeout is None else time.monotonic() + timeout
-            while self._status not in ("paused", *_TERMINAL):
+            while self._status != Status.PAUSED and self._status not in ENDED:
                 if deadline is not None and time.monotonic() > deadline:
                     break
                 time.sleep(0.005)
         return self._status
 
-    def resume(self) -> str:
+    def resume(self) -> Status:
         """Continue a paused run with exactly the state it had."""
         with self._lock:
             self._pause_requested.clear()
-            if self._status in ("paused", "pausing"):
-                self._set_status("running")
+            if self._status in (Status.PAUSED, Status.PAUSING):
+                self._set_status(Status.RUNNING)
                 self._emit("resumed")
                 self._log_event("resume")
             self._unpaused.notify_all()
         return self._status
 
-    def stop(self, save: bool = True) -> str:
+    def stop(self, save: bool = True) -> Status:
         """Stop at the next safe point (step end or evaluation batch), saving a checkpoint first."""
         with self._lock:
-            if self._status in _TERMINAL or self._status == "idle":
+            if self._status in ENDED or self._status == Status.IDLE:
                 return self._status
             self.trainer.stop_request.set("session", save=save)
-            self._set_status("stopping")
+            self._set_status(Status.STOPPING)
             self._pause_requested.clear()
             self._unpaused.notify_all()
         return self._status
@@ -260,11 +269,11 @@ class Session:
         """Save a checkpoint: at once when paused (returns its path), else at the next step end (a Future)."""
         self._require_main("save")
         with self._lock:
-            if self._status == "paused":
+            if self._status == Status.PAUSED:
                 if self._sync is None:
                     return self._save_now()
                 future = self._queue_paused_action("save")
-            elif self._status in _TERMINAL or self._status == "idle":
+            elif self._status in ENDED or self._status == Status.IDLE:
                 raise RuntimeError(f"cannot save: the session is {self._status}")
             else:
                 command = _Command("save")
@@ -276,9 +285,9 @@ class Session:
         """Evaluate: in this thread when paused (returns metrics), else at the next step end (a Future)."""
         self._require_main("evaluate")
         with self._lock:
-            if self._status == "paused" and self._sync is not None:
+            if self._status == Status.PAUSED and self._sync is not None:
                 future = self._queue_paused_action("evaluate")
-            elif self._status in ("paused", "idle", *_TERMINAL):
+            elif self._status in (Status.PAUSED, Status.IDLE) or self._status in ENDED:
                 return self._evaluate_now()
             else:
                 command = _Command("evaluate")
@@ -286,25 +295,32 @@ class Session:
                 return command.future
         return future.result()
 
+    def validate_edits(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """The check ``set()`` makes, without applying anything: each value (numbers, or text
+        as typed into a form) parsed and checked by the one rule per key
+        (workbench.train.edits), the learning rate set or scaled but not both, max_steps not
+        below the current step. Returns the parsed edits; raises ValueError with one line.
+
+        Front-ends call it to refuse a typo while their form is still open."""
+        return validate_edits(changes, self.trainer.state.global_step)
+
     def set(self, **changes: Any) -> Future | dict[str, Any]:
         """Change hyperparameters live: learning_rate, lr_scale, max_steps, num_train_epochs,
         logging_steps, eval_steps, save_steps. Applied at once when paused, else at the next
-        step end (a Future). Invalid names or values raise ValueError here, before queuing."""
-        for key, value in changes.items():
-            if key not in EDITABLE:
-                raise ValueError(f"{key}: not editable live; editable: {', '.join(EDITABLE)}")
-            EDITABLE[key](value)
+        step end (a Future). Invalid names or values raise ValueError here, before queuing
+        (see validate_edits)."""
+        changes = self.validate_edits(changes)
         self._require_main("set")
         with self._lock:
-            if self._sync is not None and self._status == "idle":
+            if self._sync is not None and self._status == Status.IDLE:
                 raise RuntimeError("set: with several processes, edit a run once it has started "
                                    "(or change the config)")
-            if self._status in ("paused", "idle"):
+            if self._status in (Status.PAUSED, Status.IDLE):
                 applied = self._apply_edits(changes)
                 if self._sync is not None:  # the other ranks apply it at the next heartbeat
                     self._sync.publish_record(self.trainer.state.live_edits[-1])
                 return applied
-            if self._status in _TERMINAL:
+            if self._status in ENDED:
                 raise RuntimeError(f"cannot edit: the session is {self._status}")
             command = _Command("set", changes=dict(changes))
             self._commands.put(command)
@@ -318,6 +334,7 @@ class Session:
         checkpoint's and applies the live-editable ones from the resume step, recorded.
         """
         self._require_not_running("resume_from")
+        self._complete_checkpoint(checkpoint, "resume_from")
         if overrides:
             from workbench.train.resume_args import replace_arguments
 
@@ -327,9 +344,62 @@ class Session:
         self._emit("resume_from", checkpoint=str(checkpoint))
         return self.start()
 
+    def parse_overrides(self, text: str | Mapping[str, str]) -> dict[str, Any]:
+        """Overrides as typed, for check_branch() and branch(): ``"warmup_steps=10,
+        lr_scheduler_type=linear"``, or ``{"learning_rate": "1e-3"}`` from form fields (empty
+        ones left out). Values are read as TOML, as ``--set`` reads them. Raises ValueError
+        with one line on a pair without ``=``."""
+        from workbench.config.loader import parse_overrides
+
+        overrides = parse_overrides(text)
+        if "output_dir" in overrides:  # branch(checkpoint, output_dir, **overrides) could not take it
+            raise ValueError("output_dir: the branch's folder is its own argument (the output dir field), "
+                             "not an override")
+        return overrides
+
+    def check_branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> dict[str, Any]:
+        """Everything branch() checks, without stopping or creating anything; returns the
+        overrides validated. Callable while the run goes on, so a form can refuse a typo
+        before the run is stopped for the branch.
+
+        Refused, with a one-line ValueError: a checkpoint that is missing or incomplete; an
+        empty output_dir; this run's own output_dir (the branch's checkpoints, rotation and
+        lock would mix with the parent's); a folder that already holds checkpoints (a resume
+        there would pick the wrong run); unknown argument names, values of the wrong type
+        and invalid combinations (TrainingArguments' own checks, the learning-rate rule
+        among them).
+        """
+        import dataclasses
+
+        from workbench.checkpoint.store import CheckpointStore
+        from workbench.config.loader import check_training_overrides
+
+        row = self._complete_checkpoint(checkpoint, "branch")
+        if not str(output_dir).strip():
+            raise ValueError("branch: output_dir is empty; give the new run a folder of its own")
+        parent = Path(self.trainer.args.output_dir).resolve()
+        target = Path(output_dir).resolve()
+        suggestion = f"{parent}-branch-{row.step}"
+        if target == parent:
+            raise ValueError(f"branch: {output_dir} is this run's own output_dir; a branch needs a folder of its "
+                             f"own (e.g. {suggestion})")
+        held = [c.name for c in CheckpointStore(target).list() if c.complete]
+        if held:
+            raise ValueError(f"branch: {output_dir} already holds checkpoints ({', '.join(held[:3])}"
+                             f"{', ...' if len(held) > 3 else ''}); choose a new or empty folder (e.g. {suggestion})")
+        try:
+            checked = check_training_overrides(overrides, args_cls=type(self.trainer.args))
+            dataclasses.replace(self.trainer.args, output_dir=str(output_dir), **checked)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"branch: {exc}") from None
+        return checked
+
     def branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> "Session":
-        """A new Session that starts from ``checkpoint`` into ``output_dir`` with changed arguments."""
+        """A new Session that starts from ``checkpoint`` into ``output_dir`` with changed arguments.
+
+        The current run must have ended; everything check_branch() refuses is refused here."""
         self._require_not_running("branch")
+        overrides = self.check_branch(checkpoint, output_dir, **overrides)
         import dataclasses
 
         from workbench.train.trainer import Trainer
@@ -365,6 +435,20 @@ class Session:
         self._unpaused.notify_all()
         return future
 
+    def _complete_checkpoint(self, checkpoint: str | Path, what: str) -> CheckpointRow:
+        """The catalog row of ``checkpoint`` (a checkpoint folder); ValueError unless it is complete."""
+        from workbench.checkpoint.store import CheckpointStore
+
+        path = Path(checkpoint)
+        info = next((c for c in CheckpointStore(path.parent).list() if c.name == path.name), None)
+        if info is None:
+            raise ValueError(f"{what}: {checkpoint} is not a checkpoint (expected a checkpoint-STEP folder "
+                             "from session.checkpoints)")
+        if not info.complete:
+            raise ValueError(f"{what}: {info.name} is incomplete ({info.problem or 'no manifest'}); "
+                             "pick a complete checkpoint")
+        return CheckpointRow.from_dict(info.to_dict())
+
     def _require_not_running(self, what: str) -> None:
         if self._sync is not None:
             raise RuntimeError(f"{what}: not available with several processes; relaunch the run with --resume "
@@ -389,19 +473,59 @@ class Session:
         """The inputs of the most recent micro-batch (inspect them while paused)."""
         return getattr(self.trainer, "last_inputs", None)
 
+    def arguments(self) -> dict[str, Any]:
+        """The run's TrainingArguments as a JSON-friendly dict (front-ends read this, not ``args``)."""
+        import json
+
+        return json.loads(self.trainer.args.to_json_string())
+
     @property
-    def checkpoints(self) -> list:
-        """The checkpoint catalog of this run's output_dir (same rows as the dashboard)."""
+    def checkpoints(self) -> list[CheckpointRow]:
+        """The checkpoint catalog of this run's output_dir, oldest first (same rows as the dashboard)."""
         from workbench.checkpoint.store import CheckpointStore
 
-        return CheckpointStore(self.trainer.args.output_dir).list()
+        return [CheckpointRow.from_dict(info.to_dict()) for info in CheckpointStore(self.trainer.args.output_dir).list()]
+
+    def delete_checkpoint(self, name: str) -> None:
+        """Delete one checkpoint of this run's output_dir by name (``"checkpoint-40"``).
+
+        Refused with a one-line ValueError: the best and the newest complete checkpoint (the
+        store's ``protected`` flag: load_best_model_at_end and a resume need them), and the
+        checkpoint this run resumes from until the run has ended.
+        """
+        from workbench.checkpoint.store import CheckpointStore
+
+        self._require_main("delete_checkpoint")
+        name = str(name)
+        if not name or Path(name).name != name:
+            raise ValueError(f"delete_checkpoint: expected a checkpoint name such as checkpoint-40 "
+                             f"(see session.checkpoints), got {name!r}")
+        store = CheckpointStore(self.trainer.args.output_dir)
+        info = next((c for c in store.list() if c.name == name), None)
+        if info is None:
+            raise ValueError(f"delete_checkpoint: no {name} in {store.root} (see session.checkpoints)")
+        if info.protected:
+            why = "the best checkpoint" if info.best else "the newest complete checkpoint"
+            raise ValueError(f"delete_checkpoint: {name} is protected ({why}); delete an older one")
+        resumes = isinstance(self._resume, (str, Path)) and Path(self._resume).resolve() == Path(info.path).resolve()
+        if resumes and self._status not in ENDED:
+            raise ValueError(f"delete_checkpoint: {name} is in use: this run resumes from it (delete it once the "
+                             "run has ended)")
+        store.delete(name)
+        self._refresh_catalog()
+        self._log_event("delete", checkpoint=name)
+        self._emit("deleted", checkpoint=name)
+        self._publish()
 
     def inspect(self) -> dict[str, Any]:
-        """Per-layer parameter/gradient norms, update ratios, NaN/Inf counts and current LRs."""
-        from workbench.session.inspection import inspect_model
+        """Per-layer parameter/gradient norms, update ratios, NaN/Inf counts and current LRs,
+        as plain data; ``can_sample`` says whether sample() works for this model."""
+        from workbench.session.inspection import can_sample, inspect_model
 
         with self._lock:
-            return inspect_model(self.trainer)
+            report = inspect_model(self.trainer)
+            report["can_sample"] = can_sample(self.trainer)
+            return report
 
     def sample(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, top_k: int | None = 20,
                seed: int = 0) -> str:
@@ -411,11 +535,12 @@ class Session:
         with self._lock, rng_preserved():
             return sample_text(self.trainer, prompt, max_new_tokens, temperature, top_k, seed)
 
-    def memory(self) -> Any:
-        """A fresh memory report (parameters, gradients, optimizer state, device and host)."""
+    def memory(self) -> MemoryUsage:
+        """A fresh memory reading (parameters, gradients, optimizer state, device and host)."""
         from workbench.train.memory import memory_report
 
-        return memory_report(self.model, self.trainer.optimizer, self.trainer.accelerator.device)
+        report = memory_report(self.model, self.trainer.optimizer, self.trainer.accelerator.device)
+        return MemoryUsage.from_dict(report.to_dict())
 
     # -- snapshot and events -------------------------------------------------------------------
 
@@ -436,6 +561,22 @@ class Session:
             if q in self._subscribers:
                 self._subscribers.remove(q)
 
+    def events_since(self, cursor: int = 0) -> tuple[list[SessionEvent], int]:
+        """The events after ``cursor`` and the cursor to pass next time: poll with
+        ``events, cursor = session.events_since(cursor)``, starting from 0 (the run's first
+        event). Only the newest EVENT_HISTORY events are kept: a reader further behind
+        gets those. Plain request and answer, so a front-end in another process can poll
+        it too."""
+        if isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 0:
+            raise ValueError(f"cursor: expected 0 or a cursor events_since() returned, got {cursor!r}")
+        with self._lock:
+            total = self._emitted
+            if cursor > total:
+                raise ValueError(f"cursor: {cursor} is ahead of this session's {total} events; pass 0 or a "
+                                 "cursor this session's events_since() returned")
+            oldest = total - len(self._history)
+            return list(itertools.islice(self._history, max(cursor - oldest, 0), None)), total
+
     def events(self, timeout: float | None = None) -> Iterator[SessionEvent]:
         """Iterate over events as they happen until the run ends (or nothing arrives for ``timeout``)."""
         q = self.subscribe()
@@ -444,7 +585,7 @@ class Session:
                 try:
                     event = q.get(timeout=timeout if timeout is not None else 0.25)
                 except queue.Empty:
-                    if timeout is not None or self._status in _TERMINAL or self._status == "idle":
+                    if timeout is not None or self._status in ENDED or self._status == Status.IDLE:
                         return
                     continue
                 yield event
@@ -455,6 +596,8 @@ class Session:
 
     def panel(self) -> Any:
         """The Jupyter panel for this session (needs ipywidgets)."""
+        # Imported here only: the session layer never imports a front-end at module level
+        # (front-ends depend on the session, not the other way round).
         from workbench.widgets.notebook import Panel
 
         return Panel(self)
@@ -471,7 +614,7 @@ class Session:
     def _refresh_catalog(self) -> None:
         try:
             self._catalog = tuple(self.checkpoints)
-        except OSError:
+        except OSError:  # an unreadable folder keeps the last catalog; the next save retries
             pass
 
     def _maybe_block(self) -> None:
@@ -484,7 +627,7 @@ class Session:
         with self._lock:
             if not self._pause_requested.is_set():
                 return
-            self._set_status("paused")
+            self._set_status(Status.PAUSED)
             self._emit("paused")
             self._log_event("pause")
             paused_at = time.perf_counter()
@@ -497,8 +640,8 @@ class Session:
             # Time spent paused is not training time: keep throughput and ETA honest.
             if self._started_at is not None:
                 self._started_at += time.perf_counter() - paused_at
-            if self._status == "paused":
-                self._set_status("running")
+            if self._status == Status.PAUSED:
+                self._set_status(Status.RUNNING)
 
     def _block_with_ranks(self, sync) -> None:
         """Rank 0's pause: heartbeats keep the other ranks waiting with it and carry the
@@ -512,7 +655,7 @@ class Session:
                     wanted = self._pause_requested.is_set() and not self.trainer.stop_request.is_set()
                     if wanted and not announced:
                         announced = True
-                        self._set_status("paused")
+                        self._set_status(Status.PAUSED)
                         self._emit("paused")
                         self._log_event("pause")
                     kind, future = "", None
@@ -541,8 +684,8 @@ class Session:
                     self._commands.put(_Command(kind, future=future))
             if self._started_at is not None:
                 self._started_at += time.perf_counter() - paused_at
-            if self._status == "paused":
-                self._set_status("running")
+            if self._status == Status.PAUSED:
+                self._set_status(Status.RUNNING)
 
     def _drain(self, control) -> None:
         if self._commands.empty():  # the common case, without raising queue.Empty every step
@@ -563,7 +706,7 @@ class Session:
             elif command.kind == "save":
                 self._request(control, "save")
                 self._pending_saves.append(command.future)
-                self._set_status("saving", only_from=("running",))
+                self._set_status(Status.SAVING, only_from=(Status.RUNNING,))
             elif command.kind == "evaluate":
                 self._request(control, "evaluate")
                 self._pending_evals.append(command.future)
@@ -598,14 +741,14 @@ class Session:
         futures, self._pending_evals = self._pending_evals, []
         for f in futures:
             f.set_result(dict(metrics))
-        self._set_status("running", only_from=("evaluating",))
+        self._set_status(Status.RUNNING, only_from=(Status.EVALUATING,))
         self._emit("evaluated", **metrics)
         self._publish()
 
     def _on_save(self, state) -> None:
         path = Path(self.trainer.args.output_dir) / f"checkpoint-{state.global_step}"
         futures, self._pending_saves = self._pending_saves, []
-        self._set_status("running", only_from=("saving",))
+        self._set_status(Status.RUNNING, only_from=(Status.SAVING,))
 
         def published(write: Future | None = None) -> None:
             error = write.exception() if write is not None else None
@@ -673,7 +816,7 @@ class Session:
 
     # -- status, events, snapshot -------------------------------------------------------------------------
 
-    def _set_status(self, status: str, only_from: tuple[str, ...] | None = None) -> None:
+    def _set_status(self, status: Status, only_from: tuple[Status, ...] | None = None) -> None:
         with self._lock:
             if only_from is not None and self._status not in only_from:
                 return
@@ -693,6 +836,8 @@ class Session:
         event = SessionEvent(kind=kind, step=self.trainer.state.global_step, time=time.time(), data=data)
         with self._lock:
             subscribers = list(self._subscribers)
+            self._history.append(event)
+            self._emitted += 1
         for q in subscribers:
             try:
                 q.put_nowait(event)
@@ -740,6 +885,7 @@ class Session:
             best_step=state.best_global_step,
             edits=tuple(dict(e) for e in self._edits),
             error=f"{type(self._error).__name__}: {self._error}" if self._error is not None else None,
+            traceback=self._traceback,
             run_name=args.run_name,
             output_dir=str(args.output_dir),
             device=str(self.trainer.accelerator.device),

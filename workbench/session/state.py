@@ -1,18 +1,49 @@
-"""The Session's data model: immutable snapshots, typed events, compact series, live edits.
+"""The Session's data model: statuses, immutable snapshots, typed events, checkpoint rows,
+memory figures and compact series.
 
-Kept apart from session.py (threads and commands) so front-ends and tests can use the data
-types without the control machinery.
+These are the value types of the front-end door (``workbench.session.protocol``): plain
+data only (numbers, strings, tuples, dicts), no torch and no trainer objects, so a
+front-end can import them without the training stack, and a client of a run in another
+process can rebuild them from JSON. Kept apart from local.py (threads and commands).
 """
 
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass, field
+import enum
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from workbench.train.metric_keys import is_timing_metric
+from workbench.metric_keys import is_timing_metric
 
-__all__ = ["Snapshot", "SessionEvent", "SeriesStore"]
+__all__ = ["Status", "ENDED", "Snapshot", "SessionEvent", "CheckpointRow", "MemoryUsage", "SeriesStore",
+           "is_timing_metric"]
+
+
+class Status(enum.StrEnum):
+    """Where a run is. The one definition of the status words: a ``str`` enum, so
+    ``status == "paused"`` and JSON keep working with the plain words."""
+
+    IDLE = "idle"              # made, not started (or not restarted yet)
+    RUNNING = "running"        # training steps
+    PAUSING = "pausing"        # a pause was asked for; it lands at the next step boundary
+    PAUSED = "paused"          # the loop waits at a step boundary; inspect, save, evaluate, edit
+    EVALUATING = "evaluating"  # an evaluation inside the loop
+    SAVING = "saving"          # a checkpoint asked for while running is being written
+    STOPPING = "stopping"      # a stop was asked for; it lands at the next safe point
+    FINISHED = "finished"      # reached max_steps
+    STOPPED = "stopped"        # ended early (a stop, a signal, a callback)
+    FAILED = "failed"          # an exception ended the run
+
+    @property
+    def ended(self) -> bool:
+        """Whether the run's thread has ended (finished, stopped or failed)."""
+        return self in ENDED
+
+
+# The statuses of a run whose thread has ended.
+ENDED: frozenset[Status] = frozenset({Status.FINISHED, Status.STOPPED, Status.FAILED})
 
 
 @dataclass(frozen=True)
@@ -25,6 +56,69 @@ class SessionEvent:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class CheckpointRow:
+    """One row of a run's checkpoint catalog, as plain data.
+
+    ``complete``: its manifest exists (a resume may pick it); ``verified``: its files were
+    checked against the manifest (None: not checked); ``protected``: the best or the
+    newest complete checkpoint, which rotation and deletion refuse to remove; ``problem``:
+    why it is unreadable, if it is.
+    """
+
+    name: str
+    path: str
+    step: int
+    epoch: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    size: int = 0
+    created: float | None = None
+    complete: bool = False
+    verified: bool | None = None
+    best: bool = False
+    protected: bool = False
+    problem: str | None = None
+    edits: list[dict[str, Any]] = field(default_factory=list)  # live edits up to this checkpoint
+    foreign: bool = False  # written by transformers' Trainer: no manifest, resumable unverified
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "CheckpointRow":
+        """A row from a mapping with these field names (extra keys are ignored, so a newer
+        store's rows still load)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as a JSON-friendly dict."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    """One memory reading, in bytes: the model's own tensors (exact), the device's allocator
+    counters (None where the device keeps none, e.g. the CPU) and the host process."""
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    device_type: str
+    device_allocated: int | None
+    device_reserved: int | None
+    device_peak: int | None
+    host_rss: int
+    host_peak: int
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "MemoryUsage":
+        """A reading from a mapping with these field names (extra keys are ignored)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The reading as a plain dict."""
+        return asdict(self)
+
+
 Point = tuple[int, float]
 
 
@@ -32,7 +126,7 @@ Point = tuple[int, float]
 class Snapshot:
     """What a front-end shows, frozen at one moment. Series are tuples of (step, value)."""
 
-    status: str = "idle"
+    status: Status = Status.IDLE
     step: int = 0
     max_steps: int = 0
     epoch: float | None = None
@@ -44,10 +138,11 @@ class Snapshot:
     series: dict[str, tuple[Point, ...]] = field(default_factory=dict)
     best_metric: float | None = None
     best_step: int | None = None
-    memory: Any = None
-    checkpoints: tuple = ()
+    memory: MemoryUsage | None = None
+    checkpoints: tuple[CheckpointRow, ...] = ()
     edits: tuple[dict[str, Any], ...] = ()
-    error: str | None = None
+    error: str | None = None  # "BoomError: ..." once the run failed
+    traceback: str | None = None  # the failed run's formatted traceback (text, not an exception object)
     run_name: str | None = None
     output_dir: str | None = None
     device: str | None = None

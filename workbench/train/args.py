@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from workbench.train.edits import learning_rate_problem
+
 __all__ = [
     "ArgumentError",
     "IntervalStrategy",
@@ -358,8 +360,9 @@ class TrainingArguments:
             raise ArgumentError("max_steps", f"must be a positive integer, or -1 to use num_train_epochs; got {self.max_steps}")
         if self.max_steps == -1 and self.num_train_epochs <= 0:
             raise ArgumentError("num_train_epochs", f"must be > 0 when max_steps is -1, got {self.num_train_epochs}")
-        if self.learning_rate < 0:
-            raise ArgumentError("learning_rate", f"must be >= 0, got {self.learning_rate}")
+        problem = learning_rate_problem(self.learning_rate)  # the rule live edits follow too
+        if problem is not None:
+            raise ArgumentError("learning_rate", problem)
         if self.weight_decay < 0:
             raise ArgumentError("weight_decay", f"must be >= 0, got {self.weight_decay}")
         for name in ("adam_beta1", "adam_beta2"):

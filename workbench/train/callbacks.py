@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from workbench.train.metric_keys import is_timing_metric
+from workbench.metric_keys import is_timing_metric
 
 log = logging.getLogger("workbench")
 

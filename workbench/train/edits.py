@@ -9,7 +9,7 @@ stays bitwise equal to one never paused.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from workbench.train.rng import rng_preserved
@@ -17,7 +17,28 @@ from workbench.train.rng import rng_preserved
 if TYPE_CHECKING:
     from workbench.train.trainer import Trainer
 
-__all__ = ["EDITABLE", "apply_edit", "replay_edits", "save_between_steps", "evaluate_between_steps"]
+__all__ = ["EDITABLE", "learning_rate_problem", "check_learning_rate", "parse_edit", "validate_edits",
+           "apply_edit", "replay_edits", "save_between_steps", "evaluate_between_steps"]
+
+
+def learning_rate_problem(value: Any) -> str | None:
+    """What is wrong with ``value`` as a learning rate, or None if it is fine.
+
+    The one rule for a learning rate, wherever one is set: TrainingArguments, a live edit
+    (Session.set, the dashboard's form, the notebook's field), a branch's override. A finite
+    number >= 0 (0 freezes the weights, a legitimate experiment); NaN and infinities are
+    refused because a single NaN step poisons every weight for the rest of the run.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return f"expected a finite number >= 0 (e.g. 1e-4), got {value!r}"
+    return None
+
+
+def check_learning_rate(value: Any) -> None:
+    """Raise ValueError ("learning_rate: ...") unless ``value`` is a valid learning rate."""
+    problem = learning_rate_problem(value)
+    if problem is not None:
+        raise ValueError(f"learning_rate: {problem}")
 
 
 def _positive_number(name: str) -> Callable[[Any], None]:
@@ -34,15 +55,9 @@ def _positive_int(name: str) -> Callable[[Any], None]:
     return check
 
 
-def _non_negative_number(name: str) -> Callable[[Any], None]:
-    def check(value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise ValueError(f"{name}: expected a number >= 0, got {value!r}")
-    return check
-
-
+# The live edits and the check of each one's value (the same checks whoever asks).
 EDITABLE: dict[str, Callable[[Any], None]] = {
-    "learning_rate": _non_negative_number("learning_rate"),
+    "learning_rate": check_learning_rate,
     "lr_scale": _positive_number("lr_scale"),
     "max_steps": _positive_int("max_steps"),
     "num_train_epochs": _positive_number("num_train_epochs"),
@@ -50,6 +65,47 @@ EDITABLE: dict[str, Callable[[Any], None]] = {
     "eval_steps": _positive_int("eval_steps"),
     "save_steps": _positive_int("save_steps"),
 }
+# The type a value typed as text is read as (a form field, a remote command).
+_WHOLE = ("max_steps", "logging_steps", "eval_steps", "save_steps")
+
+
+def parse_edit(key: str, value: Any) -> Any:
+    """One live edit's value, checked; text (as typed into a form) is read as a number first.
+
+    Raises ValueError with one line naming the key and the problem; returns the value as
+    it will be applied (an int for step counts, a float or int otherwise).
+    """
+    if key not in EDITABLE:
+        raise ValueError(f"{key}: not editable live; editable: {', '.join(EDITABLE)}")
+    if isinstance(value, str):
+        text = value.strip()
+        whole = key in _WHOLE
+        if not text:
+            raise ValueError(f"{key}: type {'a whole number' if whole else 'a number'}, e.g. "
+                             f"{'100' if whole else '1e-4' if key == 'learning_rate' else '0.5'}")
+        try:
+            value = int(text) if whole else float(text)
+        except ValueError:
+            raise ValueError(f"{key}: {text!r} is not {'a whole number' if whole else 'a number'}") from None
+    EDITABLE[key](value)
+    return value
+
+
+def validate_edits(changes: Mapping[str, Any], current_step: int = 0) -> dict[str, Any]:
+    """A set of live edits, checked together; returns them parsed (see parse_edit).
+
+    Besides each value's own check: at least one change, the learning rate set or scaled
+    (not both: which would apply first?), and max_steps not below ``current_step``. Raises
+    ValueError with one line. Checked again when applied (the step moves meanwhile).
+    """
+    if not changes:
+        raise ValueError(f"nothing to change: give at least one of {', '.join(EDITABLE)}")
+    parsed = {key: parse_edit(key, value) for key, value in changes.items()}
+    if "learning_rate" in parsed and "lr_scale" in parsed:
+        raise ValueError("set the learning rate or scale it, not both")
+    if "max_steps" in parsed and parsed["max_steps"] < current_step:
+        raise ValueError(f"max_steps: {parsed['max_steps']} is below the current step {current_step}")
+    return parsed
 
 
 def _set_base_lrs(trainer: "Trainer", base_lrs: list[float]) -> None:
@@ -68,7 +124,7 @@ def _set_base_lrs(trainer: "Trainer", base_lrs: list[float]) -> None:
 
 def apply_edit(trainer: "Trainer", key: str, value: Any) -> Any:
     """Apply one live edit at a step boundary; returns the value applied."""
-    EDITABLE[key](value)
+    value = parse_edit(key, value)
     state = trainer.state
     if key == "learning_rate":
         _set_base_lrs(trainer, [float(value)] * len(trainer.lr_scheduler.base_lrs))
