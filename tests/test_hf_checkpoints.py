@@ -77,6 +77,10 @@ def reference(tmp_path_factory) -> dict[str, object]:
 def test_workbench_resumes_from_a_checkpoint_transformers_wrote(reference, tmp_path, caplog):
     hf_checkpoint = reference["root"] / "hf" / "checkpoint-3"
     assert not (hf_checkpoint / "manifest.json").exists() and (hf_checkpoint / "training_args.bin").is_file()
+    # `workbench run --resume PATH` checks it before any work: accepted as a transformers checkpoint.
+    from workbench.cli import _check_resume_path
+
+    _check_resume_path(hf_checkpoint)
     # An explicit path: a structural check, then a resume with a warning that it is unverified.
     resumed = wb_trainer(tmp_path / "explicit")
     with caplog.at_level("WARNING", logger="workbench"):

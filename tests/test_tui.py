@@ -221,6 +221,8 @@ def test_edit_form_refuses_bad_input_and_changes_the_optimizers_lr(tmp_path):
         await press(pilot, "l")
         await wait_for(pilot, lambda: isinstance(app.screen, EditForm), "the edit form")
         form = app.screen
+        # Pushed is not yet composed on a loaded machine: wait for the fields themselves.
+        await wait_for(pilot, lambda: bool(form.query("#edit-learning_rate")), "the form's fields")
         error = lambda: str(form.query_one(".form-error").content)  # noqa: E731
 
         form.query_one("#edit-learning_rate").value = "fast"

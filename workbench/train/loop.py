@@ -301,10 +301,8 @@ class TrainingLoop:
         trainer, acc, state = self.trainer, self.accelerator, self.trainer.state
         if state.global_step <= self.last_logged:
             return
-        loss = self.window.total()
-        if acc.num_processes > 1:
-            loss = acc.gather(loss.reshape(1)).mean()
-        loss_scalar = loss.item()  # host sync: logging point
+        # The mean over ranks (Accelerate's gather is the tensor itself with one process).
+        loss_scalar = acc.gather(self.window.total().reshape(1)).mean().item()  # host sync: logging point
         self.window.reset()
         logs: dict[str, float] = {"loss": loss_scalar / (state.global_step - self.last_logged)}
         if self.grad_norm is not None:
@@ -316,16 +314,16 @@ class TrainingLoop:
         trainer.log(logs, start_time)
 
     def export_window(self) -> dict[str, Any]:
-        """The loss not logged yet, for a checkpoint. With several processes (a collective:
-        every rank saves) the ranks' sums are averaged as at a logging point and kept whole
-        on rank 0, scaled so that the next log's mean over ranks comes out the same."""
+        """The loss not logged yet, for a checkpoint. One process keeps the entries themselves
+        (a resumed run reduces exactly the same values); with several (a collective: every
+        rank saves) the ranks' sums are averaged as at a logging point, and every rank carries
+        that mean, so the next log's mean over ranks comes out the same."""
         acc = self.accelerator
-        if acc.num_processes > 1:
-            total = acc.gather(self.window.total().reshape(1)).mean()
-            carried = float(total) * acc.num_processes if acc.is_main_process else 0.0
-            saved = {"folded": carried, "losses": [], "steps": [], "dtype": "float32"}
-        else:
+        if acc.num_processes == 1:
             saved = self.window.export()
+        else:
+            mean = float(acc.gather(self.window.total().reshape(1)).mean())
+            saved = {"folded": mean, "losses": [], "steps": [], "dtype": "float32"}
         return {**saved, "since_step": self.last_logged}
 
     def _restore_window(self, saved: dict[str, Any] | None) -> None:
@@ -333,23 +331,15 @@ class TrainingLoop:
         state = self.trainer.state
         if not saved or saved.get("since_step") is None or not 0 <= saved["since_step"] <= state.global_step:
             return
-        acc = self.accelerator
-        if acc.num_processes > 1 and not acc.is_main_process:
-            saved = {**saved, "folded": 0.0}
         self.window.restore(saved)
         self.last_logged = int(saved["since_step"])
-        carried = self.window.total()
-        if acc.num_processes > 1:
-            carried = acc.gather(carried.reshape(1)).mean()
         # The first log after the resume adds the carried loss to total_loss: start below zero.
-        self.total_loss = -float(carried)
+        self.total_loss = -float(self.accelerator.gather(self.window.total().reshape(1)).mean())
 
     def _sync_tokens(self) -> None:
         if self.args.include_num_input_tokens_seen == "no":
             return
-        tokens = self._tokens
-        if self.accelerator.num_processes > 1:
-            tokens = self.accelerator.gather(tokens.reshape(1)).sum()
+        tokens = self.accelerator.gather(self._tokens.reshape(1)).sum()  # over ranks; itself with one
         self.trainer.state.num_input_tokens_seen += int(tokens)
         self._tokens.zero_()
 
