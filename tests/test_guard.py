@@ -186,3 +186,119 @@ def test_skip_equals_a_hand_masked_step(tmp_path, optim):
     assert hand_order.steps == order.steps
     for a, b in zip(weights(guarded), weights(by_hand)):
         assert torch.equal(a, b)
+
+
+def clean_order(tmp_path) -> list[list[int]]:
+    """The data order of these runs (it depends on the seed only, not on the model)."""
+    return run(tmp_path / "order", Poisoned())[1].steps
+
+
+def test_nonfinite_and_spike_are_skipped_and_recorded_as_events(tmp_path):
+    steps = clean_order(tmp_path)
+    nan_sample, spike_sample = steps[2][0], steps[9][0]  # steps 3 and 10
+    guard = Guard(nonfinite="skip", spike="skip", spike_factor=20.0, window=4)
+    trainer, order = run(tmp_path / "run", Poisoned(nan_ids=[nan_sample], spike_ids=[spike_sample]), guard)
+    assert order.steps == steps
+    assert all(torch.isfinite(w).all() for w in weights(trainer))
+    events = [e for e in read_events(tmp_path / "run") if e["event"] == "guard"]
+    assert [(e["step"], e["kind"], e["action"], e["batches"], e["rank"]) for e in events] == [
+        (3, "nonfinite", "skip", [2, 2], 0), (10, "spike", "skip", [9, 9], 0)]
+    assert events[0]["value"] == "nan"
+    spike = events[1]
+    assert spike["value"] > spike["threshold"] > 0
+    assert len(trainer.state.guard["interventions"]) == 2
+
+
+def test_without_the_guard_the_spike_is_trained_on(tmp_path):
+    """The spike test above is not vacuous: unguarded, the spike step moves the weights far."""
+    steps = clean_order(tmp_path)
+    spike_sample = steps[9][0]
+    guard = Guard(spike="skip", spike_factor=20.0, window=4)
+    guarded, _ = run(tmp_path / "g", Poisoned(spike_ids=[spike_sample]), guard)
+    plain, _ = run(tmp_path / "p", Poisoned(spike_ids=[spike_sample]))
+    assert not all(torch.equal(a, b) for a, b in zip(weights(guarded), weights(plain)))
+
+
+def test_resume_across_interventions_is_bitwise_equal(tmp_path):
+    steps = clean_order(tmp_path)
+    # steps 3 and 10: after the resume at 7 only 3 steps are seen, so the spike is found
+    # only with the running median the checkpoint carried
+    data = Poisoned(nan_ids=[steps[2][0]], spike_ids=[steps[9][0]])
+    guard = Guard(nonfinite="skip", spike="skip", spike_factor=20.0, window=4)
+    whole, _ = run(tmp_path / "whole", data, guard, logging_steps=4)
+    out = tmp_path / "parts"
+    run(out, data, guard, callbacks=[StopAt(7)], logging_steps=4)
+    resumed, _ = run(out, data, guard, resume=True, logging_steps=4)
+    assert resumed.state.global_step == whole.state.global_step
+    for a, b in zip(weights(whole), weights(resumed)):
+        assert torch.equal(a, b)
+    assert resumed.state.guard["interventions"] == whole.state.guard["interventions"]
+    assert [i["step"] for i in whole.state.guard["interventions"]] == [3, 10]
+    # the spike after the resume was found with the restored running median
+    kinds = [(e["step"], e["kind"]) for e in read_events(out) if e["event"] == "guard"]
+    assert kinds == [(3, "nonfinite"), (10, "spike")]
+
+
+def test_max_interventions_stops_a_headless_run_with_a_checkpoint(tmp_path):
+    steps = clean_order(tmp_path)
+    data = Poisoned(nan_ids=[steps[4][0]])  # step 5
+    trainer, order = run(tmp_path / "run", data, Guard(nonfinite="skip", max_interventions=1))
+    assert trainer.state.global_step == 5 and len(order.steps) == 5
+    checkpoint = tmp_path / "run" / "checkpoint-5"
+    assert (checkpoint / "manifest.json").is_file()
+    import json
+
+    saved = json.loads((checkpoint / "workbench_state.json").read_text())
+    assert [i["step"] for i in saved["guard"]["interventions"]] == [5]
+    assert "guard" not in json.loads((checkpoint / "trainer_state.json").read_text())  # HF-loadable
+    assert all(torch.isfinite(w).all() for w in weights(trainer))
+
+
+def test_stop_action_stops_with_a_checkpoint(tmp_path):
+    steps = clean_order(tmp_path)
+    trainer, _ = run(tmp_path / "run", Poisoned(nan_ids=[steps[5][0]]), Guard(nonfinite="stop"))
+    assert trainer.state.global_step == 6
+    assert (tmp_path / "run" / "checkpoint-6" / "manifest.json").is_file()
+    assert all(torch.isfinite(w).all() for w in weights(trainer))
+
+
+def test_session_pauses_on_the_guard_and_counts_interventions(tmp_path):
+    import time
+
+    from workbench import Session
+
+    steps = clean_order(tmp_path)
+    data = Poisoned(nan_ids=[steps[4][0]])  # step 5
+    trainer = Trainer(model=Regression(), train_dataset=data,
+                      args=make_args(tmp_path / "s", max_steps=N // BATCH, per_device_train_batch_size=BATCH,
+                                     learning_rate=0.05, seed=3))
+    session = Session(trainer, guard=Guard(nonfinite="pause"))
+    session.start()
+    try:
+        deadline = time.monotonic() + 120
+        while session.status != "paused":
+            assert time.monotonic() < deadline and session.status not in ("finished", "failed"), session.status
+            time.sleep(0.005)
+        snap = session.snapshot()
+        assert snap.step == 5 and snap.guard_interventions == 1
+        session.resume()
+        assert session.wait(120) == "finished"
+    finally:
+        if session.status not in ("finished", "failed", "stopped"):
+            session.stop(save=False)
+            session.resume()
+    assert trainer.state.global_step == N // BATCH
+    assert all(torch.isfinite(w).all() for w in weights(trainer))
+
+
+def test_no_host_syncs_on_non_logging_steps_with_the_guard_on(tmp_path, monkeypatch):
+    from test_session import SyncCounter, _sync_trainer
+
+    counter = SyncCounter(monkeypatch)
+    trainer, end = _sync_trainer(tmp_path, counter)
+    trainer.guard = Guard(nonfinite="skip", spike="skip", window=4)
+    trainer.add_callback(end)
+    trainer.train()
+    assert trainer._training_loop is None and trainer.state.guard is not None  # the guard ran
+    assert counter.windows == 18 and counter.total > 0
+    assert counter.in_window == 0, counter.where

@@ -47,6 +47,7 @@ class Snapshot:
     memory: Any = None
     checkpoints: tuple = ()
     edits: tuple[dict[str, Any], ...] = ()
+    guard_interventions: int = 0  # non-finite/spiking steps the guard acted on (train/guard.py)
     error: str | None = None
     run_name: str | None = None
     output_dir: str | None = None
