@@ -132,6 +132,8 @@ class GuardMonitor:
         # A loss scaler sets found_inf itself (and would overwrite ours): mask instead there.
         self._found_inf = allow_found_inf and _supports_found_inf(self.optimizer)
         self._ring = torch.full((guard.window,), float("nan"), dtype=torch.float32, device=device)
+        self._false = torch.zeros((), dtype=torch.bool, device=device)  # constants, made once
+        self._nan = torch.full((), float("nan"), dtype=torch.float32, device=device)
         self._pos = 0  # next ring slot (host int: indexing with it is no sync)
         self._seen = 0  # steps observed; the spike test starts once a window is full
         self._loss: torch.Tensor | None = None
@@ -151,24 +153,24 @@ class GuardMonitor:
 
     def add_loss(self, loss: torch.Tensor) -> None:
         """One micro-batch's (scaled) loss; their sum is the step's loss."""
-        self._loss = loss.float() if self._loss is None else self._loss + loss.float()
+        loss = loss.float()  # no-op for float32 losses
+        self._loss = loss if self._loss is None else self._loss + loss
 
     def before_step(self, grad_norm: torch.Tensor | None) -> None:
         """Decide on the device whether this step is bad and arm the optimizer to skip it."""
         guard, loss = self.guard, self._loss
-        zero = torch.zeros((), dtype=torch.bool, device=self.device)
-        nonfinite = zero
+        # Few, allocation-free ops: on an overhead-bound CPU run each small op costs ~10 µs.
+        nonfinite = spike = self._false
         if guard.nonfinite != "off":
-            nonfinite = ~torch.isfinite(loss)
-            if isinstance(grad_norm, torch.Tensor):
-                nonfinite = nonfinite | ~torch.isfinite(grad_norm.to(loss.device))
-        threshold = torch.full((), float("nan"), device=self.device)
-        spike = zero
+            # NaN/inf in either makes the sum non-finite: one isfinite instead of two.
+            total = loss + grad_norm if isinstance(grad_norm, torch.Tensor) else loss
+            nonfinite = torch.isfinite(total).logical_not_()
+        threshold = self._nan
         if guard.spike != "off":
             threshold = torch.nanmedian(self._ring) * guard.spike_factor
             if self._seen >= guard.window:
                 spike = loss > threshold  # False for NaN: a non-finite loss is not a spike
-        bad = nonfinite | spike
+        bad = nonfinite if spike is self._false else nonfinite | spike
         if self.num_processes > 1:
             # Every rank skips the same step: a device all-reduce of the flag (no host sync).
             import torch.distributed as dist
@@ -177,12 +179,13 @@ class GuardMonitor:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
             nonfinite, spike = flags[0].bool(), flags[1].bool()
             bad = nonfinite | spike
-        # Only accepted losses enter the running median: a spike must not raise its own bar.
-        self._ring[self._pos] = torch.where(bad, self._ring[self._pos], loss.detach())
-        self._pos = (self._pos + 1) % guard.window
+        if guard.spike != "off":
+            # Only accepted losses enter the running median: a spike must not raise its own bar.
+            self._ring[self._pos] = torch.where(bad, self._ring[self._pos], loss)
+            self._pos = (self._pos + 1) % guard.window
         self._seen += 1
         self._bad = bad
-        self._row = torch.stack([nonfinite.float(), spike.float(), loss.detach().float(), threshold.float()])
+        self._row = torch.stack([nonfinite, spike, loss, threshold])  # promoted to float: one op
         self._loss = None
         if self._found_inf:
             self.optimizer.found_inf = bad.float()
