@@ -69,7 +69,7 @@ def test_unknown_top_level_key_did_you_mean(tmp_path):
 
 def test_unknown_top_level_table_lists_choices(tmp_path):
     p = write(tmp_path, HEAD + "[extras]\nx = 1\n")
-    assert error_of(p) == f"{p}:6: extras: unknown key (expected one of: run_name, model, data, training, hooks)"
+    assert error_of(p) == f"{p}:6: extras: unknown key (expected one of: run_name, model, data, training, hooks, guard)"
 
 
 def test_unknown_training_key_did_you_mean(tmp_path):
@@ -571,6 +571,7 @@ def test_starter_config_validates_and_every_option_is_commented(tmp_path):
     option_lines = [ln for ln in text.splitlines() if ln and not ln.startswith(("#", "["))]
     assert option_lines and all("#" in ln for ln in option_lines)
     assert "# [hooks]" in text and "data_files" in text
+    assert (config.guard.nonfinite, config.guard.spike, config.guard.max_interventions) == ("skip", "skip", 5)
 
 
 def test_config_from_dict_reports_its_source(tmp_path):

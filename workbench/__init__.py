@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "TrainingArguments": "train.args",
     "Trainer": "train.trainer",
+    "Guard": "train.guard",
     "TrainerCallback": "train.callbacks",
     "TrainerState": "train.callbacks",
     "TrainerControl": "train.callbacks",

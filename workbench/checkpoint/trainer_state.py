@@ -215,6 +215,8 @@ def save_checkpoint(trainer: "Trainer") -> Path | None:
     state.stateful_callbacks = trainer.callback_handler.export_states(trainer.control)
     loop = trainer._training_loop
     state.loss_window = loop.export_window() if loop is not None else None
+    if loop is not None and loop.guard is not None:
+        loop.collect_guard()  # interventions up to this step belong to this checkpoint
     custom_model_save = model_saved_by_override(trainer)
     contents = CheckpointContents.capture(trainer, with_model=not custom_model_save)
 

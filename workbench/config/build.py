@@ -125,5 +125,6 @@ def build_trainer(run: RunConfig, callbacks: list[Any] | None = None, *, progres
         eval_dataset=evaluation,
         processing_class=tokenizer,
         callbacks=hook_callbacks + list(callbacks or []),
+        guard=run.guard,
         **hooks,
     )

@@ -34,6 +34,7 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 from workbench.config.refs import RefError, resolve_ref
 from workbench.config.toml_lines import decode_error, describe_type, find_lines, kind_of, line_of, toml_repr, tomlable
 from workbench.train.args import ArgumentError, TrainingArguments
+from workbench.train.guard import GUARD_FIELDS, Guard
 
 __all__ = [
     "ConfigError", "DataSpec", "ModelSpec", "RunConfig", "config_from_dict", "dump_config",
@@ -41,7 +42,7 @@ __all__ = [
     "write_resolved_config",
 ]
 
-TOP_KEYS = ("run_name", "model", "data", "training", "hooks")
+TOP_KEYS = ("run_name", "model", "data", "training", "hooks", "guard")
 MODEL_KEYS = ("builtin", "factory", "pretrained", "options")
 DATA_KEYS = ("builtin", "options", "train", "eval", "columns", "text_column", "tokenizer", "max_length", "packing")
 # [data] keys that prepare datasets-library data; builtin data sets bring their own.
@@ -134,6 +135,7 @@ class RunConfig:
     hooks: dict[str, Any] = field(default_factory=dict)
     hook_refs: dict[str, Any] = field(default_factory=dict)
     raw: dict = field(default_factory=dict)
+    guard: Guard | None = None  # the [guard] table; None when the config has none (off)
 
 
 # -- public entry points ---------------------------------------------------------------
@@ -436,12 +438,15 @@ class _Loader:
         data_spec, raw_data = self.data(self.table(("data",), data["data"], DATA_KEYS))
         training, raw_training = self.training(self.table(("training",), data.get("training", {})), run_name)
         hooks, refs, raw_hooks = self.hooks(self.table(("hooks",), data.get("hooks", {}), HOOK_KEYS))
+        guard = self.guard(self.table(("guard",), data["guard"], GUARD_FIELDS)) if "guard" in data else None
         raw = {"run_name": run_name, "model": raw_model, "data": raw_data, "training": raw_training}
         raw = {k: v for k, v in raw.items() if v is not None}
         if raw_hooks:
             raw["hooks"] = raw_hooks
+        if guard is not None:
+            raw["guard"] = copy.deepcopy(data["guard"])
         return RunConfig(path=None, run_name=run_name, model=model, data=data_spec, training=training,
-                         hooks=hooks, hook_refs=refs, raw=raw)
+                         hooks=hooks, hook_refs=refs, raw=raw, guard=guard)
 
     def model(self, table: dict) -> tuple[ModelSpec, dict]:
         kinds = [name for name in _MODEL_KINDS if name in table]
@@ -630,6 +635,15 @@ class _Loader:
             raise self.error(("training", exc.key) if exc.key else ("training",), exc.reason) from None
         except (TypeError, ValueError) as exc:
             raise self.error(("training",), str(exc)) from None
+
+    def guard(self, table: dict) -> Guard:
+        """The ``[guard]`` table as a :class:`Guard`; its own checks, located at the key."""
+        hints = _field_hints(Guard)
+        kwargs = {name: self.check_type(("guard", name), value, hints[name]) for name, value in table.items()}
+        try:
+            return Guard(**kwargs)
+        except ArgumentError as exc:
+            raise self.error(("guard", exc.key) if exc.key else ("guard",), exc.reason) from None
 
     def hooks(self, table: dict) -> tuple[dict, dict, dict]:
         resolved, refs, raw = {}, {}, {}

@@ -95,8 +95,14 @@ class Session:
     """A training run you can watch and steer from notebooks, terminals and scripts."""
 
     def __init__(self, trainer: "Trainer", resume_from_checkpoint: str | bool | None = None,
-                 origin: dict[str, Any] | None = None) -> None:
+                 origin: dict[str, Any] | None = None, guard: Any = None) -> None:
         self.trainer = trainer
+        if guard is not None:  # a Guard given here replaces the trainer's (train/guard.py)
+            from workbench.train.guard import Guard
+
+            if not isinstance(guard, Guard):
+                raise TypeError(f"guard: expected a workbench Guard, got {type(guard).__name__}")
+            trainer.guard = guard
         self._resume = resume_from_checkpoint
         self.origin = origin  # where a branched run came from
         self._commands: queue.Queue[_Command] = queue.Queue()
@@ -130,6 +136,11 @@ class Session:
         if self._sync is not None and self._sync.is_main:
             self._sync.pause_wanted = self._pause_requested.is_set
             self._sync.apply_on_main = self._apply_edit_record
+        if self._sync is None:
+            # An interactive run pauses where the guard asks to (a pause action, or
+            # max_interventions reached); with several processes it stops with a checkpoint,
+            # the same decision on every rank.
+            trainer.guard_pause = self.pause
         trainer.add_callback(SessionCallback(self))
 
     # -- construction ----------------------------------------------------------------
@@ -884,6 +895,7 @@ class Session:
             best_metric=state.best_metric,
             best_step=state.best_global_step,
             edits=tuple(dict(e) for e in self._edits),
+            guard_interventions=len((state.guard or {}).get("interventions", ())),
             error=f"{type(self._error).__name__}: {self._error}" if self._error is not None else None,
             traceback=self._traceback,
             run_name=args.run_name,

@@ -141,6 +141,7 @@ class Snapshot:
     memory: MemoryUsage | None = None
     checkpoints: tuple[CheckpointRow, ...] = ()
     edits: tuple[dict[str, Any], ...] = ()
+    guard_interventions: int = 0  # non-finite/spiking steps the guard acted on (train/guard.py)
     error: str | None = None  # "BoomError: ..." once the run failed
     traceback: str | None = None  # the failed run's formatted traceback (text, not an exception object)
     run_name: str | None = None

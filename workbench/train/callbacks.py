@@ -77,7 +77,7 @@ class ExportableState:
 
 
 # TrainerState fields of workbench's own, kept out of trainer_state.json (see to_json_string).
-WORKBENCH_STATE_FIELDS = ("live_edits", "loss_window")
+WORKBENCH_STATE_FIELDS = ("live_edits", "loss_window", "guard")
 WORKBENCH_STATE_NAME = "workbench_state.json"
 
 
@@ -110,6 +110,9 @@ class TrainerState:
     # workbench: the training loss not yet logged (since step ``since_step``), so a resumed
     # run logs the same values as an uninterrupted one.
     loss_window: dict[str, Any] | None = None
+    # workbench: the guard's interventions and detector state (train/guard.py), so a resumed
+    # run repeats the uninterrupted one's decisions.
+    guard: dict[str, Any] | None = None
 
     def to_json_string(self) -> str:
         """The HF fields as indented JSON: trainer_state.json, which transformers' Trainer

@@ -114,6 +114,14 @@ class TrainingLoop:
         # No loss scaling or engine: training_step can call loss.backward() itself.
         trainer._plain_backward = self._clip_plain
         self._params = [p for p in model.parameters() if p.requires_grad]
+        from workbench.train.guard import GuardMonitor, guard_for
+
+        guard = guard_for(trainer)
+        # None when the guard is off: the per-step cost is then one `is not None` check.
+        self.guard: GuardMonitor | None = None
+        if guard is not None:
+            self.guard = GuardMonitor(guard, trainer.optimizer, acc.device, acc.num_processes,
+                                      allow_found_inf=self._clip_plain)
         trainer.callback_handler.optimizer = trainer.optimizer
         trainer.callback_handler.lr_scheduler = trainer.lr_scheduler
         trainer.callback_handler.train_dataloader = loader
@@ -134,6 +142,8 @@ class TrainingLoop:
             state = trainer.state
             state.max_steps = max_steps
             replay_edits(trainer)  # a live max_steps edit outlives the restart
+            if self.guard is not None and state.guard:
+                self.guard.restore(state.guard)  # the detector decides as the uninterrupted run
             # This launch's arguments where they differ from the checkpoint's: warned about,
             # and the live-editable ones applied from here as a recorded edit (resume_args.py).
             apply_changed_arguments(trainer, checkpoint, max_steps)
@@ -202,6 +212,7 @@ class TrainingLoop:
         iterator = iter(iterator_source)
         step_in_epoch = skip  # micro-batches consumed in this epoch
         count_tokens = args.include_num_input_tokens_seen
+        guard = self.guard
         while not trainer.control.should_training_stop:
             micro = []
             for _ in range(ga):
@@ -229,6 +240,8 @@ class TrainingLoop:
                     loss = trainer.training_step(model, inputs, num_items)
                 # Remembered, not added: the window sums (and NaN-filters) at the logging point.
                 self.window.add(loss, state.global_step - self.last_logged)
+                if guard is not None:
+                    guard.add_loss(loss)
                 step_in_epoch += 1
                 if i != last:
                     trainer.control = handler.on_substep_end(args, state, trainer.control)
@@ -238,7 +251,11 @@ class TrainingLoop:
                 state.epoch = epoch + step_in_epoch / batches_in_epoch
             else:
                 state.epoch = epoch + state.global_step / state.max_steps
+            if guard is not None:
+                guard.end_step(state.global_step, epoch, step_in_epoch - len(micro), step_in_epoch - 1)
             trainer.control = handler.on_step_end(args, state, trainer.control)
+            if guard is not None:
+                self._guard_point()
             self._log_save_evaluate(model, ignore_keys, start_time)
             if trainer.control.should_epoch_stop or trainer.control.should_training_stop:
                 break
@@ -280,14 +297,53 @@ class TrainingLoop:
                 self.grad_norm = torch.nn.utils.clip_grad_norm_(self._params, args.max_grad_norm)
             else:  # unscales fp16 gradients first / uses the sharded engine's clipping
                 self.grad_norm = acc.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        guard = self.guard
+        if guard is not None:  # decided on the device; a bad step's update becomes a no-op
+            guard.before_step(self.grad_norm)
         trainer.control = handler.on_pre_optimizer_step(args, state, trainer.control)
         trainer.optimizer.step()
+        if guard is not None:
+            guard.after_step()
         trainer.control = handler.on_optimizer_step(args, state, trainer.control)
         if self._clip_plain or not acc.optimizer_step_was_skipped:  # only a loss scaler skips steps
             trainer.lr_scheduler.step()
         trainer.optimizer.zero_grad(set_to_none=True)
         if args.torch_empty_cache_steps and (state.global_step + 1) % args.torch_empty_cache_steps == 0:
             _empty_cache(acc.device)
+
+    def _guard_point(self) -> None:
+        """After a step end: at points that synchronize anyway (a log or save is due, the run
+        stops or ends) or when enough steps are pending, read the guard's flags, record the
+        interventions, and pause or stop if they ask for it."""
+        trainer, guard, state = self.trainer, self.guard, self.trainer.state
+        control = trainer.control
+        if not (control.should_log or control.should_save or control.should_training_stop or guard.due()
+                or state.global_step >= state.max_steps):
+            return
+        self.collect_guard()
+        # max_interventions acts once, when an intervention reaches it.
+        pause = any(r["action"] == "pause" for r in guard.new) or (bool(guard.new) and guard.limit_reached())
+        stop = any(r["action"] == "stop" for r in guard.new)
+        if pause and not stop and trainer.guard_pause is not None:
+            trainer.guard_pause()  # interactive: the Session pauses before the next step
+        elif pause or stop:
+            # Headless (or the stop action): stop here with a checkpoint of this boundary,
+            # whose weights the guard kept clean.
+            control.should_save = True
+            control.should_training_stop = True
+
+    def collect_guard(self) -> None:
+        """Read the guard's pending flags (a host sync) and record new interventions:
+        ``guard`` events (main process) and ``state.guard`` (the next checkpoint)."""
+        guard, trainer, acc = self.guard, self.trainer, self.accelerator
+        guard.new = guard.collect(acc.process_index)
+        if guard.new and acc.is_main_process:
+            from workbench.train.tracking import EventLog
+
+            log = EventLog(self.args.output_dir)
+            for record in guard.new:
+                log.write("guard", record["step"], **{k: v for k, v in record.items() if k != "step"})
+        trainer.state.guard = guard.export()
 
     def _log_save_evaluate(self, model, ignore_keys: list[str] | None, start_time: float) -> None:
         """A step or epoch end: hand over to the Trainer's ``_maybe_log_save_evaluate`` (HF's

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import workbench.train.losses as losses
 from workbench.train.args import TrainingArguments
+from workbench.train.guard import Guard
 from workbench.train.callbacks import (
     CallbackHandler,
     DefaultFlowCallback,
@@ -89,8 +90,16 @@ class Trainer:
         optimizers: tuple[torch.optim.Optimizer | None, Any] = (None, None),
         optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
         preprocess_logits_for_metrics: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        guard: Guard | None = None,
     ) -> None:
         self.args = args if args is not None else TrainingArguments("tmp_trainer")
+        # workbench: what to do about non-finite or spiking losses (train/guard.py); None is
+        # off, as in HF. ``guard_pause`` is set by an interactive front-end (the Session):
+        # without it, a guard that asks to pause stops the run with a checkpoint instead.
+        if guard is not None and not isinstance(guard, Guard):
+            raise TypeError(f"guard: expected a workbench Guard, got {type(guard).__name__}")
+        self.guard: Guard | None = guard
+        self.guard_pause: Callable[[], Any] | None = None
         set_seed(self.args.seed, deterministic=self.args.full_determinism)
         self.accelerator = make_accelerator(self.args)
         check_sharding(self)

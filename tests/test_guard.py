@@ -1,0 +1,303 @@
+"""The guard (issue #18): non-finite and spiking losses are skipped on the device, recorded
+as ``guard`` events and in checkpoints, and a resumed run repeats them exactly.
+
+The model is a linear regression whose loss is multiplied per sample by ``mult``: chosen
+sample ids carry NaN (a non-finite loss) or a large factor (a spike), so which step goes
+bad depends only on the (seeded) data order.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from conftest import StopAt, make_args
+from workbench import Guard, Trainer, TrainerCallback
+from workbench.config.loader import ConfigError, config_from_dict, load_config
+from workbench.train.args import ArgumentError
+from workbench.train.tracking import read_events
+
+N, DIM, BATCH = 64, 8, 4
+
+
+class Poisoned(Dataset):
+    """Regression rows with an id; rows in ``nan_ids`` give a NaN loss, rows in
+    ``spike_ids`` a loss ``spike`` times larger."""
+
+    def __init__(self, nan_ids=(), spike_ids=(), spike: float = 400.0) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.x = torch.randn(N, DIM, generator=gen)
+        self.y = self.x @ torch.randn(DIM, 1, generator=gen)
+        self.mult = torch.ones(N)
+        self.mult[list(spike_ids)] = spike
+        self.mult[list(nan_ids)] = float("nan")
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": self.x[i], "labels": self.y[i], "mult": self.mult[i], "idx": i}
+
+
+class Regression(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.lin = nn.Linear(DIM, 1)
+
+    def forward(self, x, labels=None, mult=None, idx=None):
+        out = self.lin(x)
+        per_sample = ((out - labels) ** 2).squeeze(-1) * mult
+        return {"loss": per_sample.mean(), "logits": out}
+
+
+class Order(TrainerCallback):
+    """The sample ids of each step, in order (read from the batch the step trains on)."""
+
+    def __init__(self) -> None:
+        self.trainer: Trainer | None = None
+        self.steps: list[list[int]] = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.steps.append(self.trainer.last_inputs["idx"].tolist())
+
+
+def run(out, data: Poisoned, guard: Guard | None = None, callbacks=(), resume=None, **overrides):
+    order = Order()
+    options = dict(max_steps=N // BATCH, per_device_train_batch_size=BATCH, learning_rate=0.05,
+                   lr_scheduler_type="linear", seed=3)
+    options.update(overrides)
+    trainer = Trainer(model=Regression(), args=make_args(out, **options), train_dataset=data,
+                      callbacks=[order, *callbacks], guard=guard)
+    for callback in (order, *callbacks):
+        if hasattr(callback, "trainer"):
+            callback.trainer = trainer
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer, order
+
+
+def weights(trainer) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in trainer.model.parameters()]
+
+
+def step_of(order: Order, sample: int) -> int:
+    """The 1-based step that trained on ``sample``."""
+    return next(i + 1 for i, ids in enumerate(order.steps) if sample in ids)
+
+
+# ------------------------------------------------------------------------ configuration
+
+
+def test_guard_defaults_off_and_validates_each_field():
+    assert not Guard().active
+    assert Guard(nonfinite="skip").active and Guard(spike="pause").active
+    bad = [dict(nonfinite="drop"), dict(spike="stop"), dict(spike_factor=1.0), dict(spike_factor="3"),
+           dict(window=0), dict(snapshots=0), dict(rollback_skip=-1), dict(lr_backoff=1.5),
+           dict(max_interventions=0), dict(window=True)]
+    for kwargs in bad:
+        (key,) = kwargs
+        with pytest.raises(ArgumentError) as info:
+            Guard(**kwargs)
+        assert info.value.key == key
+
+
+def _config(tmp_path, guard_table: str):
+    path = tmp_path / "run.toml"
+    path.write_text('[model]\nbuiltin = "mlp"\n[data]\nbuiltin = "random-classification"\n'
+                    f"[training]\noutput_dir = \"out\"\n[guard]\n{guard_table}", encoding="utf-8")
+    return path
+
+
+def test_guard_table_in_config(tmp_path):
+    run = load_config(_config(tmp_path, 'nonfinite = "skip"\nspike = "pause"\nspike_factor = 5.0\nwindow = 20\n'))
+    assert run.guard == Guard(nonfinite="skip", spike="pause", spike_factor=5.0, window=20)
+    assert run.raw["guard"]["window"] == 20  # recorded in output_dir/config.toml
+    no_table = config_from_dict({"model": {"builtin": "mlp"}, "data": {"builtin": "random-classification"}}, base_dir=tmp_path)
+    assert no_table.guard is None
+
+
+@pytest.mark.parametrize("table, line, message", [
+    ('nonfinite = "skip"\nspike = "explode"\n', 9, "guard.spike: expected one of off, skip, rollback, pause"),
+    ('window = 0\n', 8, "guard.window: expected an integer >= 1"),
+    ('windw = 5\n', 8, "guard.windw: unknown key (did you mean window?)"),
+    ('spike_factor = "3"\n', 8, "guard.spike_factor: expected"),
+])
+def test_bad_guard_values_are_one_located_line(tmp_path, table, line, message):
+    path = _config(tmp_path, table)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    text = str(info.value)
+    assert text.startswith(f"{path}:{line}: {message}"), text
+    assert "\n" not in text
+
+
+# ------------------------------------------------------------------------------- skip
+
+
+NAN_SAMPLE = 37
+
+
+def test_off_lets_nan_through_as_hf(tmp_path):
+    trainer, order = run(tmp_path, Poisoned(nan_ids=[NAN_SAMPLE]))
+    assert any(NAN_SAMPLE in ids for ids in order.steps)
+    assert all(torch.isnan(w).all() for w in weights(trainer))
+
+
+class MaskStep(TrainerCallback):
+    """Masks one step's update by hand: parameters and optimizer state saved right before
+    the optimizer step and put back right after it."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.trainer, self.saved = step, None, None
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if state.global_step + 1 == self.step:
+            opt = self.trainer.optimizer
+            self.saved = (weights(self.trainer), copy.deepcopy(opt.state_dict()))
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        if state.global_step + 1 == self.step:
+            params, opt_state = self.saved
+            with torch.no_grad():
+                for p, old in zip(self.trainer.model.parameters(), params):
+                    p.copy_(old)
+            self.trainer.optimizer.load_state_dict(opt_state)
+
+
+@pytest.mark.parametrize("optim", ["adamw_torch_fused", "sgd"])
+def test_skip_equals_a_hand_masked_step(tmp_path, optim):
+    data = Poisoned(nan_ids=[NAN_SAMPLE])
+    guarded, order = run(tmp_path / "g", data, Guard(nonfinite="skip"), optim=optim)
+    bad_step = step_of(order, NAN_SAMPLE)
+    assert all(torch.isfinite(w).all() for w in weights(guarded))
+    assert guarded.state.global_step == N // BATCH  # the step counter still advanced
+
+    # The same run without the guard, that step's update undone by hand, the NaN sample's
+    # loss made finite first so only the masked step differs.
+    mask = MaskStep(bad_step)
+    clean = Poisoned(nan_ids=[NAN_SAMPLE])
+    clean.mult[NAN_SAMPLE] = 1.0
+    by_hand, hand_order = run(tmp_path / "h", clean, callbacks=[mask], optim=optim)
+    assert hand_order.steps == order.steps
+    for a, b in zip(weights(guarded), weights(by_hand)):
+        assert torch.equal(a, b)
+
+
+def clean_order(tmp_path) -> list[list[int]]:
+    """The data order of these runs (it depends on the seed only, not on the model)."""
+    return run(tmp_path / "order", Poisoned())[1].steps
+
+
+def test_nonfinite_and_spike_are_skipped_and_recorded_as_events(tmp_path):
+    steps = clean_order(tmp_path)
+    nan_sample, spike_sample = steps[2][0], steps[9][0]  # steps 3 and 10
+    guard = Guard(nonfinite="skip", spike="skip", spike_factor=20.0, window=4)
+    trainer, order = run(tmp_path / "run", Poisoned(nan_ids=[nan_sample], spike_ids=[spike_sample]), guard)
+    assert order.steps == steps
+    assert all(torch.isfinite(w).all() for w in weights(trainer))
+    events = [e for e in read_events(tmp_path / "run") if e["event"] == "guard"]
+    assert [(e["step"], e["kind"], e["action"], e["batches"], e["rank"]) for e in events] == [
+        (3, "nonfinite", "skip", [2, 2], 0), (10, "spike", "skip", [9, 9], 0)]
+    assert events[0]["value"] == "nan"
+    spike = events[1]
+    assert spike["value"] > spike["threshold"] > 0
+    assert len(trainer.state.guard["interventions"]) == 2
+
+
+def test_without_the_guard_the_spike_is_trained_on(tmp_path):
+    """The spike test above is not vacuous: unguarded, the spike step moves the weights far."""
+    steps = clean_order(tmp_path)
+    spike_sample = steps[9][0]
+    guard = Guard(spike="skip", spike_factor=20.0, window=4)
+    guarded, _ = run(tmp_path / "g", Poisoned(spike_ids=[spike_sample]), guard)
+    plain, _ = run(tmp_path / "p", Poisoned(spike_ids=[spike_sample]))
+    assert not all(torch.equal(a, b) for a, b in zip(weights(guarded), weights(plain)))
+
+
+def test_resume_across_interventions_is_bitwise_equal(tmp_path):
+    steps = clean_order(tmp_path)
+    # steps 3 and 10: after the resume at 7 only 3 steps are seen, so the spike is found
+    # only with the running median the checkpoint carried
+    data = Poisoned(nan_ids=[steps[2][0]], spike_ids=[steps[9][0]])
+    guard = Guard(nonfinite="skip", spike="skip", spike_factor=20.0, window=4)
+    whole, _ = run(tmp_path / "whole", data, guard, logging_steps=4)
+    out = tmp_path / "parts"
+    run(out, data, guard, callbacks=[StopAt(7)], logging_steps=4)
+    resumed, _ = run(out, data, guard, resume=True, logging_steps=4)
+    assert resumed.state.global_step == whole.state.global_step
+    for a, b in zip(weights(whole), weights(resumed)):
+        assert torch.equal(a, b)
+    assert resumed.state.guard["interventions"] == whole.state.guard["interventions"]
+    assert [i["step"] for i in whole.state.guard["interventions"]] == [3, 10]
+    # the spike after the resume was found with the restored running median
+    kinds = [(e["step"], e["kind"]) for e in read_events(out) if e["event"] == "guard"]
+    assert kinds == [(3, "nonfinite"), (10, "spike")]
+
+
+def test_max_interventions_stops_a_headless_run_with_a_checkpoint(tmp_path):
+    steps = clean_order(tmp_path)
+    data = Poisoned(nan_ids=[steps[4][0]])  # step 5
+    trainer, order = run(tmp_path / "run", data, Guard(nonfinite="skip", max_interventions=1))
+    assert trainer.state.global_step == 5 and len(order.steps) == 5
+    checkpoint = tmp_path / "run" / "checkpoint-5"
+    assert (checkpoint / "manifest.json").is_file()
+    import json
+
+    saved = json.loads((checkpoint / "workbench_state.json").read_text())
+    assert [i["step"] for i in saved["guard"]["interventions"]] == [5]
+    assert "guard" not in json.loads((checkpoint / "trainer_state.json").read_text())  # HF-loadable
+    assert all(torch.isfinite(w).all() for w in weights(trainer))
+
+
+def test_stop_action_stops_with_a_checkpoint(tmp_path):
+    steps = clean_order(tmp_path)
+    trainer, _ = run(tmp_path / "run", Poisoned(nan_ids=[steps[5][0]]), Guard(nonfinite="stop"))
+    assert trainer.state.global_step == 6
+    assert (tmp_path / "run" / "checkpoint-6" / "manifest.json").is_file()
+    assert all(torch.isfinite(w).all() for w in weights(trainer))
+
+
+def test_session_pauses_on_the_guard_and_counts_interventions(tmp_path):
+    import time
+
+    from workbench import Session
+
+    steps = clean_order(tmp_path)
+    data = Poisoned(nan_ids=[steps[4][0]])  # step 5
+    trainer = Trainer(model=Regression(), train_dataset=data,
+                      args=make_args(tmp_path / "s", max_steps=N // BATCH, per_device_train_batch_size=BATCH,
+                                     learning_rate=0.05, seed=3))
+    session = Session(trainer, guard=Guard(nonfinite="pause"))
+    session.start()
+    try:
+        deadline = time.monotonic() + 120
+        while session.status != "paused":
+            assert time.monotonic() < deadline and session.status not in ("finished", "failed"), session.status
+            time.sleep(0.005)
+        snap = session.snapshot()
+        assert snap.step == 5 and snap.guard_interventions == 1
+        session.resume()
+        assert session.wait(120) == "finished"
+    finally:
+        if session.status not in ("finished", "failed", "stopped"):
+            session.stop(save=False)
+            session.resume()
+    assert trainer.state.global_step == N // BATCH
+    assert all(torch.isfinite(w).all() for w in weights(trainer))
+
+
+def test_no_host_syncs_on_non_logging_steps_with_the_guard_on(tmp_path, monkeypatch):
+    from test_session import SyncCounter, _sync_trainer
+
+    counter = SyncCounter(monkeypatch)
+    trainer, end = _sync_trainer(tmp_path, counter)
+    trainer.guard = Guard(nonfinite="skip", spike="skip", window=4)
+    trainer.add_callback(end)
+    trainer.train()
+    assert trainer._training_loop is None and trainer.state.guard is not None  # the guard ran
+    assert counter.windows == 18 and counter.total > 0
+    assert counter.in_window == 0, counter.where

@@ -1,0 +1,289 @@
+"""Guarding a run against non-finite and spiking losses (issue #18).
+
+Two parts with one job each:
+
+- :class:`Guard` is the user's choice (the ``[guard]`` config table, ``Trainer(guard=...)``),
+  validated once when it is made.
+- :class:`GuardMonitor` is what a guarded training loop runs: detection on the device every
+  step, the step's update masked on the device when it is bad, and the host reading the
+  accumulated flags only at points that already synchronize (logging, saving, the end).
+
+Why the device: reading a flag on the host each step would stall the GPU queue every step
+(DESIGN.md section 4: no host sync per step). So a bad step is never *decided* on the host;
+its update is made a no-op by the optimizer itself (the fused Adam/AdamW ``found_inf``
+path that AMP's loss scaler uses: a 1 makes ``step()`` leave parameters and optimizer
+state untouched), or, for other optimizers, by putting the pre-step values back with
+``torch.where`` on a device boolean. The host learns about the interventions later, at a
+logging or save point, and records them (events.jsonl, the checkpoint).
+
+Scheduler rule: a skipped step still advances the learning-rate schedule, the step counter
+and the data position. The schedule stays a function of ``global_step`` (what a resume, the
+other ranks and a live LR edit all assume), and deciding otherwise would need the flag on
+the host at that very step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from workbench.train.args import ArgumentError
+
+if TYPE_CHECKING:
+    from workbench.train.trainer import Trainer
+
+__all__ = ["Guard", "GuardMonitor", "NONFINITE_ACTIONS", "SPIKE_ACTIONS", "GUARD_FIELDS"]
+
+NONFINITE_ACTIONS = ("off", "skip", "rollback", "pause", "stop")
+SPIKE_ACTIONS = ("off", "skip", "rollback", "pause")
+# The host reads the accumulated flags at least this often even without a logging point,
+# so the per-step records kept on the device stay small (one sync per this many steps).
+MAX_PENDING = 1024
+
+
+@dataclass(frozen=True)
+class Guard:
+    """What to do about a non-finite or spiking loss; everything off by default (HF parity).
+
+    ``nonfinite``: action when the step's loss (or gradient norm) is NaN/inf.
+    ``spike``: action when the step's loss exceeds ``spike_factor`` x the running median of
+    the last ``window`` accepted steps (checked once ``window`` steps were seen).
+    ``snapshot_every`` / ``snapshots``: in-memory snapshots for rollback (steps apart, ring size).
+    ``rollback_skip``: data batches skipped past the spike after a rollback.
+    ``lr_backoff``: factor applied to the learning rate after a rollback (None: unchanged).
+    ``max_interventions``: after this many, pause an interactive run or stop a headless run
+    with a checkpoint (None: no limit).
+    """
+
+    nonfinite: str = "off"
+    spike: str = "off"
+    spike_factor: float = 3.0
+    window: int = 50
+    snapshot_every: int = 50
+    snapshots: int = 1
+    rollback_skip: int = 0
+    lr_backoff: float | None = None
+    max_interventions: int | None = None
+
+    def __post_init__(self) -> None:
+        # ArgumentError names the field: the config loader turns it into "file:line: guard.KEY: reason".
+        if self.nonfinite not in NONFINITE_ACTIONS:
+            raise ArgumentError("nonfinite", f"expected one of {', '.join(NONFINITE_ACTIONS)}, got {self.nonfinite!r}")
+        if self.spike not in SPIKE_ACTIONS:
+            raise ArgumentError("spike", f"expected one of {', '.join(SPIKE_ACTIONS)}, got {self.spike!r}")
+        if isinstance(self.spike_factor, bool) or not isinstance(self.spike_factor, (int, float)) \
+                or not math.isfinite(self.spike_factor) or self.spike_factor <= 1:
+            raise ArgumentError("spike_factor", f"expected a number > 1, got {self.spike_factor!r}")
+        for name, low in (("window", 1), ("snapshot_every", 1), ("snapshots", 1), ("rollback_skip", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ArgumentError(name, f"expected an integer >= {low}, got {value!r}")
+        if self.lr_backoff is not None and (isinstance(self.lr_backoff, bool)
+                                            or not isinstance(self.lr_backoff, (int, float))
+                                            or not 0 < self.lr_backoff <= 1):
+            raise ArgumentError("lr_backoff", f"expected a factor in (0, 1], got {self.lr_backoff!r}")
+        if self.max_interventions is not None and (isinstance(self.max_interventions, bool)
+                                                   or not isinstance(self.max_interventions, int)
+                                                   or self.max_interventions < 1):
+            raise ArgumentError("max_interventions", f"expected an integer >= 1, got {self.max_interventions!r}")
+
+    @property
+    def active(self) -> bool:
+        """Whether anything is watched (an inactive guard costs the loop one attribute check)."""
+        return self.nonfinite != "off" or self.spike != "off"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Guard":
+        """A Guard from a ``[guard]`` table; unknown keys raise ArgumentError naming the key."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in data:
+            if key not in names:
+                raise ArgumentError(key, f"unknown key (expected one of: {', '.join(names)})")
+        return cls(**data)
+
+
+GUARD_FIELDS = tuple(f.name for f in dataclasses.fields(Guard))
+
+
+class GuardMonitor:
+    """The guard of one training run: device-side detection and masking, host-side records.
+
+    The loop calls ``add_loss`` per micro-batch, ``before_step`` / ``after_step`` around the
+    optimizer step and ``end_step`` after the step counter moved; ``collect`` (at logging,
+    save and end points, which synchronize anyway) reads what happened and returns the new
+    interventions.
+    """
+
+    def __init__(self, guard: Guard, optimizer: torch.optim.Optimizer, device: torch.device,
+                 num_processes: int = 1, saved: dict[str, Any] | None = None, *,
+                 allow_found_inf: bool = True) -> None:
+        if "rollback" in (guard.nonfinite, guard.spike):
+            raise NotImplementedError("guard: the rollback action is not implemented yet (issue #18); "
+                                      "use skip, pause or stop")
+        self.guard = guard
+        self.device = device
+        self.num_processes = num_processes
+        # Accelerate's wrapper (loss scaling, engines) holds the torch optimizer as .optimizer.
+        self.optimizer = getattr(optimizer, "optimizer", optimizer)
+        # A loss scaler sets found_inf itself (and would overwrite ours): mask instead there.
+        self._found_inf = allow_found_inf and _supports_found_inf(self.optimizer)
+        self._ring = torch.full((guard.window,), float("nan"), dtype=torch.float32, device=device)
+        self._false = torch.zeros((), dtype=torch.bool, device=device)  # constants, made once
+        self._nan = torch.full((), float("nan"), dtype=torch.float32, device=device)
+        self._pos = 0  # next ring slot (host int: indexing with it is no sync)
+        self._seen = 0  # steps observed; the spike test starts once a window is full
+        self._loss: torch.Tensor | None = None
+        self._bad: torch.Tensor | None = None
+        self._row: torch.Tensor | None = None
+        self._backup: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._known: set[int] = set()
+        # One row per step not read yet: (step, epoch, first batch, last batch) on the host,
+        # (nonfinite, spike, loss, threshold) on the device.
+        self._pending: list[tuple[tuple[int, int, int, int], torch.Tensor]] = []
+        self.interventions: list[dict[str, Any]] = []
+        self.new: list[dict[str, Any]] = []  # found by the last collect
+        if saved:
+            self.restore(saved)
+
+    # -- per step (device only) ---------------------------------------------------------
+
+    def add_loss(self, loss: torch.Tensor) -> None:
+        """One micro-batch's (scaled) loss; their sum is the step's loss."""
+        loss = loss.float()  # no-op for float32 losses
+        self._loss = loss if self._loss is None else self._loss + loss
+
+    def before_step(self, grad_norm: torch.Tensor | None) -> None:
+        """Decide on the device whether this step is bad and arm the optimizer to skip it."""
+        guard, loss = self.guard, self._loss
+        # Few, allocation-free ops: on an overhead-bound CPU run each small op costs ~10 µs.
+        nonfinite = spike = self._false
+        if guard.nonfinite != "off":
+            # NaN/inf in either makes the sum non-finite: one isfinite instead of two.
+            total = loss + grad_norm if isinstance(grad_norm, torch.Tensor) else loss
+            nonfinite = torch.isfinite(total).logical_not_()
+        threshold = self._nan
+        if guard.spike != "off":
+            threshold = torch.nanmedian(self._ring) * guard.spike_factor
+            if self._seen >= guard.window:
+                spike = loss > threshold  # False for NaN: a non-finite loss is not a spike
+        bad = nonfinite if spike is self._false else nonfinite | spike
+        if self.num_processes > 1:
+            # Every rank skips the same step: a device all-reduce of the flag (no host sync).
+            import torch.distributed as dist
+
+            flags = torch.stack([nonfinite, spike]).to(torch.int32)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            nonfinite, spike = flags[0].bool(), flags[1].bool()
+            bad = nonfinite | spike
+        if guard.spike != "off":
+            # Only accepted losses enter the running median: a spike must not raise its own bar.
+            self._ring[self._pos] = torch.where(bad, self._ring[self._pos], loss)
+            self._pos = (self._pos + 1) % guard.window
+        self._seen += 1
+        self._bad = bad
+        self._row = torch.stack([nonfinite, spike, loss, threshold])  # promoted to float: one op
+        self._loss = None
+        if self._found_inf:
+            self.optimizer.found_inf = bad.float()
+        else:
+            self._backup = [(t, t.detach().clone()) for t in self._mutable_tensors()]
+            self._known = {id(t) for t, _ in self._backup}
+
+    def after_step(self) -> None:
+        """Put back the pre-step values where the step was bad (optimizers without found_inf)."""
+        if self._found_inf:
+            self.optimizer.found_inf = None  # a later plain step() must not see a stale flag
+            return
+        bad = self._bad
+        for tensor, old in self._backup:
+            if tensor.device == bad.device:  # host-side counters cannot be masked without a sync
+                tensor.data.copy_(torch.where(bad, old, tensor.data))
+        # State the first step created (Adam's moments, SGD's momentum) goes back to zeros,
+        # what the optimizer would start from on the next step.
+        for tensor in self._mutable_tensors():
+            if id(tensor) not in self._known and tensor.device == bad.device:
+                tensor.data.copy_(torch.where(bad, torch.zeros_like(tensor), tensor.data))
+        self._backup, self._known = [], set()
+
+    def end_step(self, step: int, epoch: int, first_batch: int, last_batch: int) -> None:
+        """Remember this step's flags (a device tensor) with where its data came from."""
+        self._pending.append(((step, epoch, first_batch, last_batch), self._row))
+        self._row = None
+
+    def due(self) -> bool:
+        """Whether the records kept on the device should be read now (bounded memory)."""
+        return len(self._pending) >= MAX_PENDING
+
+    # -- at synchronizing points (host) ---------------------------------------------------
+
+    def collect(self, rank: int = 0) -> list[dict[str, Any]]:
+        """Read the flags of the steps since the last call (one host sync) and return the
+        interventions among them, also appended to ``self.interventions``."""
+        if not self._pending:
+            return []
+        rows = torch.stack([row for _, row in self._pending]).tolist()  # host sync: a logging/save point
+        found = []
+        for (where, (nonfinite, spike, loss, threshold)) in zip((w for w, _ in self._pending), rows):
+            if not (nonfinite or spike):
+                continue
+            step, epoch, first, last = where
+            kind = "nonfinite" if nonfinite else "spike"
+            action = self.guard.nonfinite if nonfinite else self.guard.spike
+            record = {"step": step, "rank": rank, "kind": kind, "value": _json_number(loss),
+                      "threshold": _json_number(threshold), "action": action,
+                      "epoch": epoch, "batches": [first, last]}
+            found.append(record)
+        self._pending = []
+        self.interventions.extend(found)
+        return found
+
+    def limit_reached(self) -> bool:
+        limit = self.guard.max_interventions
+        return limit is not None and len(self.interventions) >= limit
+
+    def export(self) -> dict[str, Any]:
+        """What a checkpoint keeps (workbench_state.json): interventions and the detector's
+        state, so a resumed run decides exactly as the uninterrupted one. Call ``collect`` first."""
+        return {"interventions": [dict(r) for r in self.interventions], "ring": self._ring.tolist(),
+                "pos": self._pos, "seen": self._seen}
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        self.interventions = [dict(r) for r in saved.get("interventions", [])]
+        ring = saved.get("ring")
+        if ring is not None and len(ring) == self.guard.window:
+            self._ring.copy_(torch.tensor(ring, dtype=torch.float32))
+            self._pos = int(saved.get("pos", 0)) % self.guard.window
+            self._seen = int(saved.get("seen", 0))
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _mutable_tensors(self) -> list[torch.Tensor]:
+        """Parameters and optimizer-state tensors a step may change."""
+        tensors = []
+        for group in self.optimizer.param_groups:
+            for param in group["params"]:
+                tensors.append(param)
+                tensors.extend(v for v in self.optimizer.state.get(param, {}).values() if isinstance(v, torch.Tensor))
+        return tensors
+
+
+def _supports_found_inf(optimizer: torch.optim.Optimizer) -> bool:
+    """torch's fused Adam/AdamW skip a step when ``found_inf`` is 1 (params and state kept)."""
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return False
+    return bool(optimizer.param_groups) and all(g.get("fused") for g in optimizer.param_groups)
+
+
+def _json_number(value: float) -> float | str:
+    """events.jsonl is strict JSON: NaN/inf are written as strings."""
+    return value if math.isfinite(value) else str(value)
+
+
+def guard_for(trainer: "Trainer") -> Guard | None:
+    """The trainer's guard when it watches anything, else None (the loop's one check)."""
+    guard = getattr(trainer, "guard", None)
+    return guard if guard is not None and guard.active else None
