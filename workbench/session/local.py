@@ -15,6 +15,8 @@ from __future__ import annotations
 import collections
 import copy
 import itertools
+import logging
+import os
 import queue
 import threading
 import time
@@ -95,8 +97,18 @@ class Session:
     """A training run you can watch and steer from notebooks, terminals and scripts."""
 
     def __init__(self, trainer: "Trainer", resume_from_checkpoint: str | bool | None = None,
-                 origin: dict[str, Any] | None = None) -> None:
+                 origin: dict[str, Any] | None = None, control: bool | None = None,
+                 control_port: int | None = None, control_host: str | None = None) -> None:
         self.trainer = trainer
+        # The control endpoint (workbench.control): on unless control=False or
+        # WORKBENCH_CONTROL=0; a Unix socket, or TCP on control_port (loopback unless
+        # control_host names another address).
+        if control is None:
+            control = os.environ.get("WORKBENCH_CONTROL", "1").strip().lower() not in ("0", "false", "no", "off")
+        self.control = control
+        self.control_port = control_port
+        self.control_host = control_host
+        self._server: Any = None
         self._resume = resume_from_checkpoint
         self.origin = origin  # where a branched run came from
         self._commands: queue.Queue[_Command] = queue.Queue()
@@ -159,8 +171,48 @@ class Session:
             self._ended.clear()
             self._set_status(Status.RUNNING)
             self._thread = threading.Thread(target=self._work, name="workbench-train", daemon=True)
+            self._start_control()
             self._thread.start()
         return self
+
+    def run(self) -> Status:
+        """Train in the calling thread until the run ends, serving the control endpoint
+        meanwhile; re-raise the run's error (KeyboardInterrupt included). The headless CLI
+        uses it, so signals and Ctrl-C stay where they were: in the main thread."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                raise RuntimeError("this session is already running; pause(), stop() or wait() for it")
+            self._error = self._traceback = None
+            self._ended.clear()
+            self._set_status(Status.RUNNING)
+            self._thread = threading.current_thread()
+            self._start_control()
+        self._work()
+        if self._error is not None:
+            raise self._error
+        return self._status
+
+    def _start_control(self) -> None:
+        """Serve this run's control endpoint (rank 0 only); a failure to bind is a warning,
+        never a reason not to train."""
+        if not self.control or self._server is not None or not self.trainer.is_world_process_zero():
+            return
+        from workbench.control.server import ControlServer
+
+        server = ControlServer(self, self.trainer.args.output_dir, port=self.control_port, host=self.control_host)
+        try:
+            server.start()
+        except (OSError, ValueError) as exc:
+            if self.control_port is not None:  # asked for explicitly: the user must hear it failed
+                raise RuntimeError(f"control: cannot listen on {server.host}:{self.control_port} ({exc})") from None
+            logging.getLogger("workbench").warning("control endpoint not started: %s", exc)
+            return
+        self._server = server
+
+    def _stop_control(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
 
     def _work(self) -> None:
         try:
@@ -177,6 +229,8 @@ class Session:
         finally:
             self._fail_pending()
             self._publish()
+            # Attached clients get the last events before the endpoint and control.json go.
+            self._stop_control()
             self._ended.set()
 
     def wait(self, timeout: float | None = None) -> Status:
