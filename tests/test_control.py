@@ -276,3 +276,108 @@ def test_a_stale_control_file_is_reported_and_replaced(tmp_path, sessions):
     session = running(out, sessions)
     assert read_control(out)["pid"] == os.getpid()
     assert attach(out).status == session.status
+
+
+# -- watch ------------------------------------------------------------------------------------------------
+
+
+def test_watch_rebuilds_an_ended_run_from_its_files(tmp_path, sessions):
+    from workbench.control.watch import RecordedRun, open_watch
+
+    out = tmp_path / "run"
+    session = make_session(out, max_steps=30, logging_steps=5, save_strategy="steps", save_steps=10,
+                           eval_strategy="steps", eval_steps=10)
+    sessions.append(session.start())
+    assert session.wait(120) == Status.FINISHED
+    session_edits = len(session.snapshot().edits)
+    watched = open_watch(out)  # nothing answers any more: the recording
+    assert isinstance(watched, RecordedRun) and isinstance(watched, SessionLike)
+    snap = watched.snapshot()
+    assert snap.status == Status.FINISHED and snap.step == 30 and snap.max_steps == 30
+    assert [s for s, _ in snap.series["loss"]] == [5, 10, 15, 20, 25, 30]
+    assert snap.series["loss"] == session.snapshot().series["loss"]
+    assert [s for s, _ in snap.series["eval_loss"]] == [10, 20, 30]
+    assert [r.name for r in watched.checkpoints] == [r.name for r in session.checkpoints]
+    assert len(snap.edits) == session_edits
+    events, cursor = watched.events_since(0)
+    assert events[0].kind == "started" and events[-1].kind == "finished" and cursor == len(events)
+    with pytest.raises(RuntimeError, match="has ended"):
+        watched.pause()
+    with pytest.raises(RuntimeError, match="has ended"):
+        watched.set(learning_rate=1e-3)
+
+
+# -- the command line against a real headless run -------------------------------------------------------------
+
+CTL_CONFIG = """\
+run_name = "ctl"
+[model]
+builtin = "mlp"
+[model.options]
+in_features = 8
+num_classes = 3
+[data]
+builtin = "random-classification"
+[data.options]
+n_train = 64
+n_eval = 16
+in_features = 8
+num_classes = 3
+[training]
+output_dir = "out"
+max_steps = 100000
+per_device_train_batch_size = 4
+learning_rate = 1e-2
+logging_steps = 10
+save_strategy = "no"
+report_to = "none"
+"""
+
+
+def workbench(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "workbench", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_ctl_steers_a_headless_run(tmp_path):
+    (tmp_path / "run.toml").write_text(CTL_CONFIG)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    run = subprocess.Popen([sys.executable, "-m", "workbench", "run", "run.toml", "--headless"], cwd=tmp_path,
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (out / CONTROL_FILE).exists() or run.poll() is not None, "control.json", 120)
+        assert run.poll() is None, run.communicate()
+        status = workbench("ctl", out, "status", "--json", cwd=tmp_path)
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["status"] in ("running", "evaluating", "saving")
+        paused = workbench("ctl", out, "pause", "--wait", cwd=tmp_path)
+        assert paused.returncode == 0 and "paused" in paused.stdout
+        bad = workbench("ctl", out, "set", "learning_rate=fast", cwd=tmp_path)
+        assert bad.returncode == 2 and "learning_rate" in bad.stderr
+        assert workbench("ctl", out, "launch", cwd=tmp_path).returncode == 2
+        edited = workbench("ctl", out, "set", "learning_rate=1e-4", cwd=tmp_path)
+        assert edited.returncode == 0, edited.stderr
+        saved = workbench("ctl", out, "save", "--json", cwd=tmp_path)
+        assert saved.returncode == 0, saved.stderr
+        checkpoint = Path(json.loads(saved.stdout)["checkpoint"])
+        assert (checkpoint / "manifest.json").is_file()
+        assert workbench("ctl", out, "resume", cwd=tmp_path).returncode == 0
+        stopped = workbench("ctl", out, "stop", cwd=tmp_path)
+        assert stopped.returncode == 0, stopped.stderr
+        _, stderr = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, stderr
+    events = read_events(out)
+    edits = [e for e in events if e["event"] == "edit"]
+    assert edits and edits[-1]["learning_rate"] == 1e-4
+    saves = [e["checkpoint"] for e in events if e["event"] == "save"]
+    assert len(saves) == 2 and saves[0] == checkpoint.name  # the ctl save, then the stop's checkpoint
+    assert events[-1]["event"] == "end" and events[-1]["status"] == "stopped"
+    assert not (out / CONTROL_FILE).exists()
+    gone = workbench("ctl", out, "status", cwd=tmp_path)
+    assert gone.returncode == 3 and "no live run" in gone.stderr
