@@ -381,3 +381,39 @@ def test_ctl_steers_a_headless_run(tmp_path):
     assert not (out / CONTROL_FILE).exists()
     gone = workbench("ctl", out, "status", cwd=tmp_path)
     assert gone.returncode == 3 and "no live run" in gone.stderr
+
+
+# -- the dashboard on a remote run ---------------------------------------------------------------------------
+
+
+def test_attached_dashboard_q_enter_detaches_and_the_run_goes_on(tmp_path, sessions):
+    import asyncio
+
+    from workbench.widgets.tui import DashboardApp
+    from workbench.widgets.tui.dialogs import QuitDialog
+
+    out = tmp_path / "run"
+    session = running(out, sessions)
+    remote = attach(out)
+    app = DashboardApp(remote, attached=True)
+
+    async def until(pilot, condition, what):
+        deadline = time.monotonic() + 60
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await pilot.pause(0.05)
+
+    async def main() -> None:
+        async with app.run_test(size=(100, 32)) as pilot:
+            await until(pilot, lambda: app._snapshot is not None and app._snapshot.step >= 1, "the remote snapshot")
+            app.simulate_key("q")
+            await until(pilot, lambda: isinstance(app.screen, QuitDialog) and app.screen.focused, "the quit dialog")
+            assert app.screen.focused.id == "quit-detach"
+            app.simulate_key("enter")
+            await until(pilot, lambda: app.return_value is not None, "the app to exit")
+
+    asyncio.run(main())
+    assert app.return_value == "detached"
+    step = session.snapshot().step
+    assert session.status not in (Status.STOPPING, Status.STOPPED)
+    wait_for(lambda: session.snapshot().step > step + 3, "the run to go on after the dashboard detached")
