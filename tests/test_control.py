@@ -417,3 +417,21 @@ def test_attached_dashboard_q_enter_detaches_and_the_run_goes_on(tmp_path, sessi
     step = session.snapshot().step
     assert session.status not in (Status.STOPPING, Status.STOPPED)
     wait_for(lambda: session.snapshot().step > step + 3, "the run to go on after the dashboard detached")
+
+
+def test_the_agent_example_halves_the_lr_on_a_plateau(tmp_path, sessions):
+    sys.path.insert(0, str(REPO / "examples"))
+    from agent_lr_policy import watch_and_steer
+
+    out = tmp_path / "run"
+    # learning_rate 0: the eval loss never improves, so every `patience` evaluations is a plateau.
+    session = make_session(out, callbacks=[Slow()], max_steps=60, learning_rate=0.0, eval_strategy="steps",
+                           eval_steps=4)
+    sessions.append(session.start())
+    wait_for(lambda: (out / CONTROL_FILE).exists(), "control.json")
+    decisions = watch_and_steer(str(out), patience=2, max_cuts=2)
+    assert session.wait(120) == Status.FINISHED
+    assert [d["applied"] for d in decisions] == [{"lr_scale": 0.5}, {"lr_scale": 0.5}]
+    assert all("has not improved" in d["reason"] for d in decisions)
+    edits = [e for e in read_events(out) if e["event"] == "edit"]
+    assert [e["lr_scale"] for e in edits] == [0.5, 0.5]
