@@ -38,6 +38,8 @@ _EXPORTS = {
     "Status": "session.state",
     "Snapshot": "session.state",
     "SessionEvent": "session.state",
+    "attach": "control.client",
+    "RemoteSession": "control.client",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

@@ -1,4 +1,4 @@
-"""``workbench run | checkpoints | init``.
+"""``workbench run | ctl | attach | watch | checkpoints | init``.
 
 Exit codes (DESIGN.md): 0 finished; 2 usage or config error (one line on stderr); 1
 training failed (traceback on stderr and in events.jsonl); 130 Ctrl-C; 143 SIGTERM.
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from workbench.checkpoint.lock import OutputDirLock
 
 from workbench.exit_codes import (  # noqa: F401 - re-exported for callers of the CLI
-    EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE, OUTCOME_CODES)
+    EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO_RUN, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE, OUTCOME_CODES)
 from workbench.metric_keys import is_timing_metric
 
 __all__ = ["main"]
@@ -51,6 +51,31 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--accelerate-config", default=None, metavar="FILE",
                      help="an 'accelerate config' file for --num-processes (default: accelerate's own default)")
 
+    run.add_argument("--no-control", action="store_true",
+                     help="serve no control endpoint (workbench ctl / attach cannot reach this run)")
+    run.add_argument("--control-port", type=int, default=None, metavar="N",
+                     help="serve the control endpoint on TCP port N (0: any free port; a token is required) "
+                          "instead of a Unix socket")
+    run.add_argument("--control-host", default=None, metavar="ADDRESS",
+                     help="the address --control-port binds (default 127.0.0.1; name another only on a "
+                          "trusted network)")
+
+    ctl = sub.add_parser("ctl", help="steer a live run: status, pause, resume, save, eval, stop, set, checkpoints")
+    ctl.add_argument("target", metavar="OUTDIR|HOST:PORT")
+    ctl.add_argument("action", metavar="COMMAND")
+    ctl.add_argument("values", nargs="*", metavar="ARGS", help="set: KEY=VALUE ...")
+    ctl.add_argument("--json", action="store_true", help="print the reply as JSON")
+    ctl.add_argument("--wait", action="store_true", help="pause: return once the run is paused")
+    ctl.add_argument("--no-save", action="store_true", help="stop: without the final checkpoint")
+    ctl.add_argument("--token", default=None, help="the TCP endpoint's token (read from control.json for an OUTDIR)")
+
+    attach = sub.add_parser("attach", help="open the dashboard on a live run elsewhere (q detaches)")
+    attach.add_argument("target", metavar="OUTDIR|HOST:PORT")
+    attach.add_argument("--token", default=None, help="the TCP endpoint's token")
+
+    watch = sub.add_parser("watch", help="a finished or live run, read-only")
+    watch.add_argument("output_dir")
+
     ckpt = sub.add_parser("checkpoints", help="list the checkpoints of an output directory")
     ckpt.add_argument("output_dir")
     ckpt.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -74,6 +99,15 @@ def main(argv: list[str] | None = None) -> int:
             return _init(ns)
         if ns.command == "checkpoints":
             return _checkpoints(ns)
+        if ns.command == "ctl":
+            from workbench.control.ctl import run_ctl
+
+            return run_ctl(ns.target, ns.action, ns.values, as_json=ns.json, wait=ns.wait, save=not ns.no_save,
+                           token=ns.token)
+        if ns.command == "attach":
+            return _attach(ns)
+        if ns.command == "watch":
+            return _watch(ns)
         if ns.num_processes is not None and "WORLD_SIZE" not in os.environ:
             return _launch(ns, argv)
         return _finish_rank(_run(ns))
@@ -349,7 +383,7 @@ def _train(ns: argparse.Namespace, run, resume: object) -> int:
     if main_rank:
         write_resolved_config(run, output_dir)
     if main_rank and not ns.headless and sys.stdout.isatty():
-        return _run_dashboard(trainer, resume, output_dir)
+        return _run_dashboard(ns, trainer, resume, output_dir)
     request = trainer.stop_request
 
     def abort(signum: int) -> None:
@@ -364,7 +398,15 @@ def _train(ns: argparse.Namespace, run, resume: object) -> int:
     # when enable_jit_checkpoint is set (schedulers then see 143, "preempted").
     restore = install_stop_handlers(request, [signal.SIGINT], on_repeat=abort)
     try:
-        trainer.train(resume_from_checkpoint=resume)
+        if main_rank and not ns.no_control:
+            # Rank 0 trains through a Session in this (main) thread, so the run serves its
+            # control endpoint (workbench ctl / attach); the other ranks follow its decisions.
+            from workbench.session.local import Session
+
+            Session(trainer, resume_from_checkpoint=resume, control=True, control_port=ns.control_port,
+                    control_host=ns.control_host).run()
+        else:
+            trainer.train(resume_from_checkpoint=resume)
     except KeyboardInterrupt:
         print("\nworkbench: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -383,11 +425,17 @@ def _train(ns: argparse.Namespace, run, resume: object) -> int:
     if reason == "SIGINT":
         say(f"workbench: interrupted at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    if reason == "session":  # workbench ctl stop: as the dashboard's quit dialog (saved: 0, not: 130)
+        if request.save:
+            say(f"workbench: stopped at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
+            return EXIT_OK
+        say(f"workbench: stopped at step {step} without saving", file=sys.stderr)
+        return EXIT_INTERRUPTED
     say(f"workbench: finished; files in {output_dir}")
     return EXIT_OK
 
 
-def _run_dashboard(trainer, resume: object, output_dir: Path) -> int:
+def _run_dashboard(ns: argparse.Namespace, trainer, resume: object, output_dir: Path) -> int:
     """The dashboard path: a Session trains in its thread while the app owns the terminal.
 
     The app returns an outcome; its exit code follows DESIGN.md (q then Enter saves and
@@ -401,7 +449,8 @@ def _run_dashboard(trainer, resume: object, output_dir: Path) -> int:
 
     for printer in (ProgressCallback, PrinterCallback):  # the dashboard shows progress; prints would tear it
         trainer.remove_callback(printer)
-    session = Session(trainer, resume_from_checkpoint=resume)
+    session = Session(trainer, resume_from_checkpoint=resume, control=not ns.no_control,
+                      control_port=ns.control_port, control_host=ns.control_host)
     outcome = run_dashboard(session)
     if outcome != "aborted":  # a second ctrl+c means: do not wait for the save
         try:
@@ -425,6 +474,44 @@ def _run_dashboard(trainer, resume: object, output_dir: Path) -> int:
     else:
         print(f"workbench: {session.status}; files in {output_dir}")
     return OUTCOME_CODES.get(outcome, EXIT_FAILED)
+
+
+def _attach(ns: argparse.Namespace) -> int:
+    """The dashboard on a live run elsewhere; q detaches (the run goes on)."""
+    from workbench.control.client import attach
+    from workbench.control.discovery import NoLiveRun
+
+    try:
+        session = attach(ns.target, token=ns.token)
+    except NoLiveRun as exc:
+        print(f"workbench: {exc}", file=sys.stderr)
+        return EXIT_NO_RUN
+    except PermissionError as exc:
+        raise UsageError(str(exc)) from None
+    from workbench.widgets.tui import run_dashboard
+
+    try:
+        outcome = run_dashboard(session, handle_signals=False, attached=True)
+    finally:
+        session.close()
+    if outcome == "detached":
+        print(f"workbench: detached; the run goes on ({ns.target})")
+        return EXIT_OK
+    return OUTCOME_CODES.get(outcome, EXIT_OK)
+
+
+def _watch(ns: argparse.Namespace) -> int:
+    """A run read-only: live (attached, no steering) or from its files once it has ended."""
+    from workbench.control.watch import open_watch
+
+    try:
+        session = open_watch(ns.output_dir)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise UsageError(str(exc)) from None
+    from workbench.widgets.tui import run_dashboard
+
+    run_dashboard(session, handle_signals=False, attached=True)
+    return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -27,4 +27,5 @@ OUTCOME_CODES = {
     "terminated": EXIT_TERMINATED,  # SIGTERM: stop and save, then exit
     "failed": EXIT_FAILED,
     "crashed": EXIT_FAILED,         # the dashboard itself failed; the run was stopped and saved
+    "detached": EXIT_OK,            # an attached dashboard left; the run goes on elsewhere
 }

@@ -12,14 +12,17 @@ from .app import OUTCOMES, DashboardApp
 __all__ = ["DashboardApp", "OUTCOMES", "run_dashboard"]
 
 
-def run_dashboard(session: SessionLike, *, handle_signals: bool = True) -> str:
+def run_dashboard(session: SessionLike, *, handle_signals: bool = True, attached: bool = False) -> str:
     """Open the dashboard on ``session`` (started if idle) and return its outcome when the user quits.
 
+    ``attached``: the run lives elsewhere (``workbench attach``): q detaches, leaving it running.
     The outcome is one of ``OUTCOMES``; the CLI gives each its exit code (0 finished or
     saved, 130 stopped or interrupted, 143 SIGTERM, 1 failed or crashed).
     """
-    app = DashboardApp(session, handle_signals=handle_signals)
+    app = DashboardApp(session, handle_signals=handle_signals, attached=attached)
     outcome = app.run()
+    if outcome is None and attached:
+        return "detached"  # a dashboard on a run elsewhere never stops it on its own failure
     if outcome is None:
         # The app itself crashed (Textual has printed why): keep the work, stop the run.
         if session.status not in ENDED and session.status != Status.IDLE:

@@ -51,6 +51,7 @@ OUTCOMES = (
     "terminated",   # SIGTERM: stop and save, then exit
     "failed",
     "crashed",      # the dashboard itself failed; the run was stopped and saved
+    "detached",     # an attached dashboard left; the run goes on where it runs
 )
 
 
@@ -73,8 +74,9 @@ class DashboardApp(App[str]):
 
     def __init__(self, session: SessionLike, *, autostart: bool = True, poll_interval: float = 0.25,
                  frozen: bool = False, clock: Callable[[], float] = time.time,
-                 handle_signals: bool = False) -> None:
+                 handle_signals: bool = False, attached: bool = False) -> None:
         super().__init__()
+        self.attached = attached  # the run lives elsewhere: leaving detaches, stopping is a choice
         self.session = session
         self.autostart = autostart
         self.poll_interval = poll_interval
@@ -260,13 +262,15 @@ class DashboardApp(App[str]):
             return
 
         def chosen(choice: str | None) -> None:
-            if choice == "save":
+            if choice == "detach":
+                self.exit("detached")
+            elif choice == "save":
                 self._stop_and_exit("saved", save=True)
             elif choice == "discard":
                 self._stop_and_exit("stopped", save=False)
 
         if not isinstance(self.screen, QuitDialog):
-            self.push_screen(QuitDialog(self.session.snapshot().step), chosen)
+            self.push_screen(QuitDialog(self.session.snapshot().step, attached=self.attached), chosen)
 
     def _stop_and_exit(self, outcome: str, save: bool) -> None:
         self._quitting = outcome
@@ -276,7 +280,9 @@ class DashboardApp(App[str]):
 
     def action_interrupt(self) -> None:
         """ctrl+c: stop and save, then exit (130); a second ctrl+c exits at once."""
-        if self._quitting is not None:
+        if self.attached:  # ctrl+c in an attached dashboard leaves it; the run is not this process's
+            self.exit("detached")
+        elif self._quitting is not None:
             self.exit("aborted")
         elif self.session.status in TERMINAL or self.session.status == Status.IDLE:
             self.exit(self.outcome())

@@ -18,24 +18,31 @@ _MOVE = [
 
 
 class QuitDialog(ModalScreen[str]):
-    """Ask how to leave a running run. Dismisses with "save", "discard" or "cancel".
+    """Ask how to leave a running run. Dismisses with "save", "discard", "detach" or "cancel".
 
     "Stop and save" has the focus, so q then Enter always keeps the work (DESIGN.md);
-    Escape cancels.
+    Escape cancels. On an attached run (``attached``) "Detach" comes first and has the
+    focus: q then Enter leaves the run going, and stopping it is an explicit choice.
     """
 
     BINDINGS = _MOVE
     AUTO_FOCUS = "#quit-save"
 
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int, attached: bool = False) -> None:
         super().__init__(classes="dialog-screen")
         self.step = step
+        self.attached = attached
+        if attached:
+            self.AUTO_FOCUS = "#quit-detach"
 
     def compose(self) -> ComposeResult:
+        question = "Detach (the run goes on) or stop it?" if self.attached else "Stop it and quit?"
         with Vertical(classes="dialog"):
-            yield Static(f"The run is at step {self.step}. Stop it and quit?", classes="dialog-text")
+            yield Static(f"The run is at step {self.step}. {question}", classes="dialog-text")
             with Horizontal(classes="dialog-buttons"):
-                yield Button("Stop and save", id="quit-save", variant="primary")
+                if self.attached:
+                    yield Button("Detach", id="quit-detach", variant="primary")
+                yield Button("Stop and save", id="quit-save", variant="default" if self.attached else "primary")
                 yield Button("Stop without saving", id="quit-discard", variant="error")
                 yield Button("Cancel", id="quit-cancel")
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import collections
 import copy
 import itertools
+import logging
+import os
 import queue
 import threading
 import time
@@ -95,7 +97,8 @@ class Session:
     """A training run you can watch and steer from notebooks, terminals and scripts."""
 
     def __init__(self, trainer: "Trainer", resume_from_checkpoint: str | bool | None = None,
-                 origin: dict[str, Any] | None = None, guard: Any = None) -> None:
+                 origin: dict[str, Any] | None = None, guard: Any = None, control: bool | None = None,
+                 control_port: int | None = None, control_host: str | None = None) -> None:
         self.trainer = trainer
         if guard is not None:  # a Guard given here replaces the trainer's (train/guard.py)
             from workbench.train.guard import Guard
@@ -103,6 +106,15 @@ class Session:
             if not isinstance(guard, Guard):
                 raise TypeError(f"guard: expected a workbench Guard, got {type(guard).__name__}")
             trainer.guard = guard
+        # The control endpoint (workbench.control): on unless control=False or
+        # WORKBENCH_CONTROL=0; a Unix socket, or TCP on control_port (loopback unless
+        # control_host names another address).
+        if control is None:
+            control = os.environ.get("WORKBENCH_CONTROL", "1").strip().lower() not in ("0", "false", "no", "off")
+        self.control = control
+        self.control_port = control_port
+        self.control_host = control_host
+        self._server: Any = None
         self._resume = resume_from_checkpoint
         self.origin = origin  # where a branched run came from
         self._commands: queue.Queue[_Command] = queue.Queue()
@@ -170,8 +182,48 @@ class Session:
             self._ended.clear()
             self._set_status(Status.RUNNING)
             self._thread = threading.Thread(target=self._work, name="workbench-train", daemon=True)
+            self._start_control()
             self._thread.start()
         return self
+
+    def run(self) -> Status:
+        """Train in the calling thread until the run ends, serving the control endpoint
+        meanwhile; re-raise the run's error (KeyboardInterrupt included). The headless CLI
+        uses it, so signals and Ctrl-C stay where they were: in the main thread."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                raise RuntimeError("this session is already running; pause(), stop() or wait() for it")
+            self._error = self._traceback = None
+            self._ended.clear()
+            self._set_status(Status.RUNNING)
+            self._thread = threading.current_thread()
+            self._start_control()
+        self._work()
+        if self._error is not None:
+            raise self._error
+        return self._status
+
+    def _start_control(self) -> None:
+        """Serve this run's control endpoint (rank 0 only); a failure to bind is a warning,
+        never a reason not to train."""
+        if not self.control or self._server is not None or not self.trainer.is_world_process_zero():
+            return
+        from workbench.control.server import ControlServer
+
+        server = ControlServer(self, self.trainer.args.output_dir, port=self.control_port, host=self.control_host)
+        try:
+            server.start()
+        except (OSError, ValueError) as exc:
+            if self.control_port is not None:  # asked for explicitly: the user must hear it failed
+                raise RuntimeError(f"control: cannot listen on {server.host}:{self.control_port} ({exc})") from None
+            logging.getLogger("workbench").warning("control endpoint not started: %s", exc)
+            return
+        self._server = server
+
+    def _stop_control(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
 
     def _work(self) -> None:
         try:
@@ -188,6 +240,8 @@ class Session:
         finally:
             self._fail_pending()
             self._publish()
+            # Attached clients get the last events before the endpoint and control.json go.
+            self._stop_control()
             self._ended.set()
 
     def wait(self, timeout: float | None = None) -> Status:

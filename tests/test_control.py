@@ -1,0 +1,437 @@
+"""Remote control (workbench.control): the protocol, the server's defences, a RemoteSession
+steering a real run exactly as a local Session does, TCP tokens, stale control files, and
+``workbench ctl`` / ``watch`` against real headless ``workbench run`` subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from workbench.control.client import Connection, RemoteSession, attach
+from workbench.control.discovery import CONTROL_FILE, NoLiveRun, read_control, write_control
+from workbench.control.protocol import (
+    MAX_LINE, ProtocolError, decode_request, downsample, encode, snapshot_from_dict, snapshot_to_dict)
+from workbench.session.protocol import SessionLike, Status
+from workbench.train.tracking import read_events
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_session_door import Slow, make_session, wait_for  # noqa: E402 - the shared tiny real Session
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def sessions():
+    made = []
+    yield made
+    for s in made:
+        if s.status not in (Status.FINISHED, Status.STOPPED, Status.FAILED, Status.IDLE):
+            s.stop(save=False)
+        try:
+            s.wait(60)
+        except BaseException:  # noqa: BLE001 - cleanup only
+            pass
+
+
+def running(out: Path, sessions: list, **kwargs):
+    session = make_session(out, callbacks=[Slow()], **kwargs)
+    sessions.append(session.start())
+    wait_for(lambda: (out / CONTROL_FILE).exists() and session.snapshot().step >= 1, "the run to start")
+    return session
+
+
+def raw(info: dict) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(info["socket"])
+    return sock
+
+
+def read_lines(sock: socket.socket) -> list[dict]:
+    """Every line the server sends until it closes the connection."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return [json.loads(line) for line in data.splitlines() if line.strip()]
+
+
+# -- protocol ----------------------------------------------------------------------------------------
+
+
+def test_protocol_messages_and_limits():
+    assert decode_request(b'{"id": 3, "cmd": "pause", "args": {"wait": true}}') == (3, "pause", {"wait": True})
+    for bad, why in ((b"nonsense", "not a JSON line"), (b"[1]", "JSON object"), (b'{"id": "x", "cmd": "a"}', "id"),
+                     (b'{"id": 1, "cmd": ""}', "cmd"), (b'{"id": 1, "cmd": "a", "args": 3}', "args")):
+        with pytest.raises(ProtocolError, match=why):
+            decode_request(bad)
+    with pytest.raises(ProtocolError, match="limit"):
+        encode({"blob": "x" * MAX_LINE})
+    with pytest.raises(ProtocolError, match="limit"):
+        decode_request(b" " * (MAX_LINE + 1))
+    points = [(i, float(i)) for i in range(1000)]
+    thin = downsample(points, 10)
+    assert len(thin) == 10 and thin[0] == [0, 0.0] and thin[-1] == [999, 999.0]
+    assert downsample(points[:5], 10) == [list(p) for p in points[:5]]
+
+
+def test_snapshot_survives_the_wire(tmp_path, sessions):
+    session = running(tmp_path / "run", sessions)
+    session.pause(wait=True, timeout=60)
+    session.save()
+    snap = session.snapshot()
+    back = snapshot_from_dict(json.loads(encode(snapshot_to_dict(snap))))
+    assert back == snap  # statuses, series, memory, checkpoint rows and edits all round-trip
+
+
+# -- a RemoteSession does what a local Session does ----------------------------------------------------
+
+
+def test_remote_session_steers_like_a_local_one(tmp_path, sessions):
+    out = tmp_path / "run"
+    session = running(out, sessions)
+    info = read_control(out)
+    assert stat.S_IMODE((out / CONTROL_FILE).stat().st_mode) == 0o600
+    assert stat.S_IMODE(Path(info["socket"]).parent.stat().st_mode) == 0o700
+    assert info["pid"] == os.getpid() and info["protocol"] == 1 and "token" not in info
+    remote = attach(out)
+    assert isinstance(remote, SessionLike)
+    assert remote.pause(wait=True, timeout=60) == Status.PAUSED == session.status
+    step = session.snapshot().step
+    # The same refusal, word for word, from the run's one rule.
+    with pytest.raises(ValueError) as local_error:
+        session.set(learning_rate=-1)
+    with pytest.raises(ValueError) as remote_error:
+        remote.set(learning_rate=-1)
+    assert str(remote_error.value) == str(local_error.value)
+    applied = remote.set(learning_rate="5e-3").result(timeout=60)
+    assert applied == {"learning_rate": 5e-3}
+    assert session.trainer.optimizer.param_groups[0]["lr"] == pytest.approx(5e-3, rel=1e-3)
+    edits = [e for e in read_events(out) if e["event"] == "edit"]
+    assert edits and edits[-1]["learning_rate"] == 5e-3 and edits[-1]["step"] == step
+    path = remote.save().result(timeout=60)
+    assert path == out / f"checkpoint-{step}" and (path / "manifest.json").is_file()
+    assert [r.name for r in remote.checkpoints] == [r.name for r in session.checkpoints] == [path.name]
+    metrics = remote.evaluate().result(timeout=60)
+    assert "eval_loss" in metrics
+    assert remote.snapshot().step == step and remote.snapshot().edits[-1]["learning_rate"] == 5e-3
+    assert remote.resume() == Status.RUNNING
+    wait_for(lambda: session.snapshot().step > step + 3, "the run to go on after a remote resume")
+    # Queued while running: the save lands at the next step end and the Future gets its path.
+    queued = remote.save().result(timeout=60)
+    assert (queued / "manifest.json").is_file()
+    kinds = [e.kind for e in remote.events_since(0)[0]]
+    assert {"paused", "edited", "saved", "evaluated", "resumed"} <= set(kinds)
+    assert remote.stop(save=False) in (Status.STOPPING, Status.STOPPED)
+    assert session.wait(60) == Status.STOPPED
+    # The endpoint goes with the run; the client says the run has ended.
+    assert not (out / CONTROL_FILE).exists() and not Path(info["socket"]).exists()
+    assert remote.status in (Status.STOPPED, Status.FINISHED)
+    with pytest.raises(NoLiveRun, match="no live run"):
+        attach(out)
+
+
+def test_every_client_sees_the_others_commands(tmp_path, sessions):
+    out = tmp_path / "run"
+    session = running(out, sessions)
+    watcher, actor = attach(out), attach(out)
+    cursor = watcher.events_since(0)[1]
+    stream = watcher.events(cursor=cursor, timeout=30)
+    actor.pause(wait=True, timeout=60)
+    actor.set(logging_steps="7").result(timeout=60)
+    actor.resume()
+    seen = []
+    for event in stream:
+        seen.append(event.kind)
+        if event.kind == "resumed":
+            break
+    assert seen[:3] == ["paused", "edited", "resumed"]
+    session.stop(save=False)
+
+
+# -- hostile clients ---------------------------------------------------------------------------------------
+
+
+def test_bad_messages_get_an_error_and_the_connection_closes(tmp_path, sessions):
+    out = tmp_path / "run"
+    session = running(out, sessions)
+    info = read_control(out)
+    for payload in (b"this is not json\n", b'{"id": 1}\n', b"[1, 2]\n"):
+        sock = raw(info)
+        sock.sendall(payload)
+        replies = read_lines(sock)  # ends only because the server closed the connection
+        assert len(replies) == 1 and replies[0]["ok"] is False and replies[0]["error"]
+        sock.close()
+    sock = raw(info)  # a line over 1 MiB, sent without a newline
+    try:
+        for _ in range(MAX_LINE // 65536 + 2):
+            sock.sendall(b"x" * 65536)
+    except OSError:
+        pass  # closed on us mid-send: also a refusal
+    try:
+        replies = read_lines(sock)
+        assert replies and replies[-1]["ok"] is False and "limit" in replies[-1]["error"]
+    except ConnectionResetError:
+        pass
+    sock.close()
+    # An unknown command is answered, and the connection stays usable.
+    conn = Connection(info)
+    with pytest.raises(ValueError, match="unknown command"):
+        conn.call("launch_missiles")
+    assert conn.call("status")["status"] in ("running", "saving", "evaluating")
+    conn.close()
+    step = session.snapshot().step
+    wait_for(lambda: session.snapshot().step > step + 5, "the run to keep stepping")
+
+
+def test_hostile_clients_change_nothing_in_the_run(tmp_path, sessions):
+    """The same fixed-length run, alone and under a crowd of bad clients, ends with the same losses."""
+    def losses(out: Path, crowd: bool) -> list[float]:
+        session = make_session(out, callbacks=[Slow()], max_steps=120, logging_steps=10)
+        sessions.append(session.start())
+        if crowd:
+            wait_for(lambda: (out / CONTROL_FILE).exists(), "control.json")
+            info = read_control(out)
+            half = raw(info)
+            half.sendall(b'{"id": 1, "cmd": "pau')  # then dies mid-message
+            half.close()
+            garbage = raw(info)
+            garbage.sendall(os.urandom(4096) + b"\n")
+            flood = raw(info)
+            flood.sendall(b"".join(encode({"id": i, "cmd": "status" if i % 2 else "snapshot"}) for i in range(1000)))
+            silent = raw(info)  # connects, never reads a byte of its replies
+            silent.sendall(b"".join(encode({"id": i, "cmd": "snapshot"}) for i in range(200)))
+            got, data = 0, b""
+            while got < 1000:
+                chunk = flood.recv(1 << 20)
+                assert chunk, "the server closed a well-behaved flood"
+                data += chunk
+                got = data.count(b"\n")
+            replies = [json.loads(line) for line in data.splitlines()]
+            assert [r["id"] for r in replies] == list(range(1000)) and all(r["ok"] for r in replies)
+            for s in (garbage, flood, silent):
+                s.close()
+        assert session.wait(120) == Status.FINISHED
+        return [e["loss"] for e in read_events(out) if e["event"] == "log" and "loss" in e]
+
+    quiet = losses(tmp_path / "quiet", crowd=False)
+    crowded = losses(tmp_path / "crowded", crowd=True)
+    assert len(quiet) == 12 and crowded == quiet
+
+
+# -- TCP and stale files -------------------------------------------------------------------------------------
+
+
+def test_tcp_needs_the_token(tmp_path, sessions):
+    out = tmp_path / "run"
+    session = make_session(out, callbacks=[Slow()])
+    session.control_port = 0
+    sessions.append(session.start())
+    wait_for(lambda: (out / CONTROL_FILE).exists(), "control.json")
+    info = read_control(out)
+    host, port = info["tcp"].rsplit(":", 1)
+    assert host == "127.0.0.1" and len(info["token"]) >= 24 and "socket" not in info
+    assert stat.S_IMODE((out / CONTROL_FILE).stat().st_mode) == 0o600
+    with pytest.raises(PermissionError, match="token refused"):
+        attach(f"127.0.0.1:{port}", token="wrong")
+    with pytest.raises(PermissionError, match="token refused"):
+        attach(f"127.0.0.1:{port}")  # no token at all
+    sock = socket.create_connection(("127.0.0.1", int(port)), timeout=10)  # a command before hello
+    sock.sendall(encode({"id": 1, "cmd": "stop"}))
+    assert read_lines(sock)[0]["ok"] is False
+    assert session.status not in (Status.STOPPING, Status.STOPPED)
+    remote = attach(f"127.0.0.1:{port}", token=info["token"])
+    assert remote.status == session.status
+    assert attach(out).snapshot().output_dir == str(out)  # through control.json, token included
+
+
+def test_a_stale_control_file_is_reported_and_replaced(tmp_path, sessions):
+    out = tmp_path / "run"
+    out.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    write_control(out, {"protocol": 1, "pid": dead.pid, "host": socket.gethostname(), "started": 0,
+                        "socket": str(tmp_path / "gone.sock")})
+    with pytest.raises(NoLiveRun, match="stale"):
+        attach(out)
+    ctl = subprocess.run([sys.executable, "-m", "workbench", "ctl", str(out), "status"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert ctl.returncode == 3 and "stale" in ctl.stderr
+    session = running(out, sessions)
+    assert read_control(out)["pid"] == os.getpid()
+    assert attach(out).status == session.status
+
+
+# -- watch ------------------------------------------------------------------------------------------------
+
+
+def test_watch_rebuilds_an_ended_run_from_its_files(tmp_path, sessions):
+    from workbench.control.watch import RecordedRun, open_watch
+
+    out = tmp_path / "run"
+    session = make_session(out, max_steps=30, logging_steps=5, save_strategy="steps", save_steps=10,
+                           eval_strategy="steps", eval_steps=10)
+    sessions.append(session.start())
+    assert session.wait(120) == Status.FINISHED
+    session_edits = len(session.snapshot().edits)
+    watched = open_watch(out)  # nothing answers any more: the recording
+    assert isinstance(watched, RecordedRun) and isinstance(watched, SessionLike)
+    snap = watched.snapshot()
+    assert snap.status == Status.FINISHED and snap.step == 30 and snap.max_steps == 30
+    assert [s for s, _ in snap.series["loss"]] == [5, 10, 15, 20, 25, 30]
+    assert snap.series["loss"] == session.snapshot().series["loss"]
+    assert [s for s, _ in snap.series["eval_loss"]] == [10, 20, 30]
+    assert [r.name for r in watched.checkpoints] == [r.name for r in session.checkpoints]
+    assert len(snap.edits) == session_edits
+    events, cursor = watched.events_since(0)
+    assert events[0].kind == "started" and events[-1].kind == "finished" and cursor == len(events)
+    with pytest.raises(RuntimeError, match="has ended"):
+        watched.pause()
+    with pytest.raises(RuntimeError, match="has ended"):
+        watched.set(learning_rate=1e-3)
+
+
+# -- the command line against a real headless run -------------------------------------------------------------
+
+CTL_CONFIG = """\
+run_name = "ctl"
+[model]
+builtin = "mlp"
+[model.options]
+in_features = 8
+num_classes = 3
+[data]
+builtin = "random-classification"
+[data.options]
+n_train = 64
+n_eval = 16
+in_features = 8
+num_classes = 3
+[training]
+output_dir = "out"
+max_steps = 100000
+per_device_train_batch_size = 4
+learning_rate = 1e-2
+logging_steps = 10
+save_strategy = "no"
+report_to = "none"
+"""
+
+
+def workbench(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "workbench", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_ctl_steers_a_headless_run(tmp_path):
+    (tmp_path / "run.toml").write_text(CTL_CONFIG)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    run = subprocess.Popen([sys.executable, "-m", "workbench", "run", "run.toml", "--headless"], cwd=tmp_path,
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (out / CONTROL_FILE).exists() or run.poll() is not None, "control.json", 120)
+        assert run.poll() is None, run.communicate()
+        status = workbench("ctl", out, "status", "--json", cwd=tmp_path)
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["status"] in ("running", "evaluating", "saving")
+        paused = workbench("ctl", out, "pause", "--wait", cwd=tmp_path)
+        assert paused.returncode == 0 and "paused" in paused.stdout
+        bad = workbench("ctl", out, "set", "learning_rate=fast", cwd=tmp_path)
+        assert bad.returncode == 2 and "learning_rate" in bad.stderr
+        assert workbench("ctl", out, "launch", cwd=tmp_path).returncode == 2
+        edited = workbench("ctl", out, "set", "learning_rate=1e-4", cwd=tmp_path)
+        assert edited.returncode == 0, edited.stderr
+        saved = workbench("ctl", out, "save", "--json", cwd=tmp_path)
+        assert saved.returncode == 0, saved.stderr
+        checkpoint = Path(json.loads(saved.stdout)["checkpoint"])
+        assert (checkpoint / "manifest.json").is_file()
+        assert workbench("ctl", out, "resume", cwd=tmp_path).returncode == 0
+        stopped = workbench("ctl", out, "stop", cwd=tmp_path)
+        assert stopped.returncode == 0, stopped.stderr
+        _, stderr = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, stderr
+    events = read_events(out)
+    edits = [e for e in events if e["event"] == "edit"]
+    assert edits and edits[-1]["learning_rate"] == 1e-4
+    saves = [e["checkpoint"] for e in events if e["event"] == "save"]
+    assert len(saves) == 2 and saves[0] == checkpoint.name  # the ctl save, then the stop's checkpoint
+    assert events[-1]["event"] == "end" and events[-1]["status"] == "stopped"
+    assert not (out / CONTROL_FILE).exists()
+    gone = workbench("ctl", out, "status", cwd=tmp_path)
+    assert gone.returncode == 3 and "no live run" in gone.stderr
+
+
+# -- the dashboard on a remote run ---------------------------------------------------------------------------
+
+
+def test_attached_dashboard_q_enter_detaches_and_the_run_goes_on(tmp_path, sessions):
+    import asyncio
+
+    from workbench.widgets.tui import DashboardApp
+    from workbench.widgets.tui.dialogs import QuitDialog
+
+    out = tmp_path / "run"
+    session = running(out, sessions)
+    remote = attach(out)
+    app = DashboardApp(remote, attached=True)
+
+    async def until(pilot, condition, what):
+        deadline = time.monotonic() + 60
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await pilot.pause(0.05)
+
+    async def main() -> None:
+        async with app.run_test(size=(100, 32)) as pilot:
+            await until(pilot, lambda: app._snapshot is not None and app._snapshot.step >= 1, "the remote snapshot")
+            app.simulate_key("q")
+            await until(pilot, lambda: isinstance(app.screen, QuitDialog) and app.screen.focused, "the quit dialog")
+            assert app.screen.focused.id == "quit-detach"
+            app.simulate_key("enter")
+            await until(pilot, lambda: app.return_value is not None, "the app to exit")
+
+    asyncio.run(main())
+    assert app.return_value == "detached"
+    step = session.snapshot().step
+    assert session.status not in (Status.STOPPING, Status.STOPPED)
+    wait_for(lambda: session.snapshot().step > step + 3, "the run to go on after the dashboard detached")
+
+
+def test_the_agent_example_halves_the_lr_on_a_plateau(tmp_path, sessions):
+    sys.path.insert(0, str(REPO / "examples"))
+    from agent_lr_policy import watch_and_steer
+
+    out = tmp_path / "run"
+    # learning_rate 0: the eval loss never improves, so every `patience` evaluations is a plateau.
+    session = make_session(out, callbacks=[Slow()], max_steps=60, learning_rate=0.0, eval_strategy="steps",
+                           eval_steps=4)
+    sessions.append(session.start())
+    wait_for(lambda: (out / CONTROL_FILE).exists(), "control.json")
+    decisions = watch_and_steer(str(out), patience=2, max_cuts=2)
+    assert session.wait(120) == Status.FINISHED
+    assert [d["applied"] for d in decisions] == [{"lr_scale": 0.5}, {"lr_scale": 0.5}]
+    assert all("has not improved" in d["reason"] for d in decisions)
+    edits = [e for e in read_events(out) if e["event"] == "edit"]
+    assert [e["lr_scale"] for e in edits] == [0.5, 0.5]

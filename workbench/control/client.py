@@ -1,0 +1,342 @@
+"""``attach(target)``: a RemoteSession, the SessionLike of a run served elsewhere.
+
+The dashboard and the notebook panel take it unchanged: it answers the same calls with the
+same value types (rebuilt from JSON) and raises the run's own one-line ValueError and
+RuntimeError. Blocking calls (a save or evaluation queued until the next step end) return
+Futures completed from a worker thread, each on a connection of its own, so polling the
+snapshot never waits behind them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from workbench.control.discovery import NoLiveRun, read_control, stale_reason
+from workbench.control.protocol import (
+    MAX_LINE, PROTOCOL_VERSION, ProtocolError, decode_reply, encode, event_from_dict, snapshot_from_dict)
+from workbench.session.state import ENDED, CheckpointRow, MemoryUsage, SessionEvent, Snapshot, Status
+
+__all__ = ["attach", "RemoteSession", "RemoteError", "Connection", "resolve_target"]
+
+_ERRORS = {"ValueError": ValueError, "KeyError": ValueError, "TypeError": ValueError, "TimeoutError": TimeoutError,
+           "PermissionError": PermissionError}
+
+
+class RemoteError(RuntimeError):
+    """The server refused the message itself (protocol error, internal error)."""
+
+
+def resolve_target(target: str | Path) -> dict[str, Any]:
+    """How to reach ``target``: control.json of an output_dir, or ``HOST:PORT`` (token from
+    ``--token`` / the caller). NoLiveRun when an output_dir has no live run."""
+    text = str(target)
+    path = Path(text)
+    if not path.exists() and ":" in text and not text.startswith(("/", ".")):
+        host, _, port = text.rpartition(":")
+        if port.isdigit():
+            return {"tcp": f"{host.strip('[]')}:{port}", "token": None}
+    info = read_control(path)
+    why = stale_reason(info)
+    if why:
+        raise NoLiveRun(f"no live run in {target}: {why}")
+    return info
+
+
+class Connection:
+    """One socket to the server: request, reply; or a stream of events once subscribed."""
+
+    def __init__(self, info: Mapping[str, Any], token: str | None = None, timeout: float = 5.0) -> None:
+        self._ids = itertools.count(1)
+        self._buffer = bytearray()
+        self.timeout = timeout
+        try:
+            if info.get("socket"):
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.settimeout(timeout)
+                self.sock.connect(str(info["socket"]))
+            else:
+                host, _, port = str(info["tcp"]).rpartition(":")
+                self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        except OSError as exc:
+            where = info.get("socket") or info.get("tcp")
+            raise NoLiveRun(f"no live run answers at {where} ({exc.strerror or exc})") from None
+        self.hello = self.call("hello", token=token or info.get("token"))
+        if self.hello.get("protocol") != PROTOCOL_VERSION:
+            self.close()
+            raise RemoteError(f"the run speaks control protocol {self.hello.get('protocol')}, this client "
+                              f"{PROTOCOL_VERSION}; use the same workbench version on both sides")
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def _line(self, timeout: float | None) -> bytes:
+        self.sock.settimeout(timeout)
+        while (end := self._buffer.find(b"\n")) < 0:
+            if len(self._buffer) > MAX_LINE:
+                raise ProtocolError("reply over the line limit")
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise NoLiveRun("the run closed the connection (it has ended, or refused the message)")
+            self._buffer += chunk
+        line, self._buffer = bytes(self._buffer[:end]), self._buffer[end + 1:]
+        return line
+
+    def call(self, cmd: str, _wait: float | None = None, **args: Any) -> Any:
+        """Send one request and return its result; the server's error as the same exception type."""
+        ident = next(self._ids)
+        self.sock.settimeout(self.timeout)
+        self.sock.sendall(encode({"id": ident, "cmd": cmd, "args": args}))
+        while True:
+            reply = decode_reply(self._line(_wait or self.timeout))
+            if "event" in reply:  # a subscribed connection interleaves events; requests there are rare
+                continue
+            break
+        if reply.get("ok"):
+            return reply.get("result")
+        error = str(reply.get("error", "error"))
+        raise _ERRORS.get(str(reply.get("kind")), RuntimeError if reply.get("kind") == "RuntimeError" else RemoteError)(error)
+
+    def stream(self, cursor: int = 0, timeout: float | None = None) -> Iterator[tuple[SessionEvent, int]]:
+        """Subscribe and yield (event, cursor) as they happen (the backlog after ``cursor`` first)
+        until the run ends, the connection closes, or nothing arrives for ``timeout``."""
+        result = self.call("events", cursor=cursor, subscribe=True)
+        for data in result["events"]:
+            yield event_from_dict(data), result["cursor"]
+        while True:
+            try:
+                message = decode_reply(self._line(timeout))
+            except (TimeoutError, NoLiveRun, OSError):
+                return
+            if "event" in message:
+                yield event_from_dict(message["event"]), int(message["cursor"])
+
+
+class RemoteSession:
+    """SessionLike over the control protocol (see workbench.session.protocol for each call)."""
+
+    def __init__(self, info: Mapping[str, Any], token: str | None = None, timeout: float = 5.0) -> None:
+        self.info = dict(info)
+        self.token = token
+        self.timeout = timeout
+        self._pool: list[Connection] = []
+        self._pool_lock = threading.Lock()
+        first = Connection(self.info, token, timeout)
+        self.hello = first.hello
+        self._pool.append(first)
+        self._snapshot: Snapshot = Snapshot.empty()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"RemoteSession({self.info.get('socket') or self.info.get('tcp')}, run={self.hello.get('run_name')!r})"
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _call(self, cmd: str, _wait: float | None = None, **args: Any) -> Any:
+        with self._pool_lock:
+            conn = self._pool.pop() if self._pool else None
+        if conn is None:
+            conn = Connection(self.info, self.token, self.timeout)
+        try:
+            result = conn.call(cmd, _wait=_wait, **args)
+        except (OSError, ProtocolError, NoLiveRun):
+            conn.close()
+            raise
+        except BaseException:
+            with self._pool_lock:
+                self._pool.append(conn)
+            raise
+        with self._pool_lock:
+            if len(self._pool) < 4:
+                self._pool.append(conn)
+            else:
+                conn.close()
+        return result
+
+    def _future(self, cmd: str, key: str, convert=lambda v: v, **args: Any) -> Future:
+        future: Future = Future()
+
+        def work() -> None:
+            try:
+                result = self._call(cmd, _wait=args.get("timeout", 120.0) + 5.0, **args)
+                future.set_result(convert(result[key]))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller through the Future
+                future.set_exception(exc)
+
+        threading.Thread(target=work, name=f"workbench-remote-{cmd}", daemon=True).start()
+        return future
+
+    def close(self) -> None:
+        """Close this client's connections (the run is not affected: detaching)."""
+        self._closed = True
+        with self._pool_lock:
+            pool, self._pool = self._pool, []
+        for conn in pool:
+            conn.close()
+
+    detach = close
+
+    # -- watching --------------------------------------------------------------------------------
+
+    @property
+    def status(self) -> Status:
+        try:
+            return Status(self._call("status")["status"])
+        except (NoLiveRun, OSError):
+            return self._ended_status()
+
+    def _ended_status(self) -> Status:
+        # The endpoint is gone: the run has ended; the last snapshot says how, if it got that far.
+        status = self._snapshot.status
+        return status if status in ENDED else Status.STOPPED
+
+    @property
+    def stop_reason(self) -> str | None:
+        try:
+            return self._call("status")["stop_reason"]
+        except (NoLiveRun, OSError):
+            return None
+
+    def snapshot(self) -> Snapshot:
+        """The run's newest snapshot; the same object as last time when nothing changed."""
+        try:
+            data = self._call("snapshot", since=self._snapshot.updated or None)
+        except (NoLiveRun, OSError):
+            if self._snapshot.status not in ENDED:
+                from dataclasses import replace
+
+                self._snapshot = replace(self._snapshot, status=self._ended_status())
+            return self._snapshot
+        if not data.get("unchanged"):
+            self._snapshot = snapshot_from_dict(data)
+        return self._snapshot
+
+    def series(self, points: int = 200, names: list[str] | None = None) -> dict[str, list[tuple[int, float]]]:
+        """The run's curves, thinned on the run's side to at most ``points`` points each."""
+        data = self._call("series", points=points, names=names)
+        return {k: [(int(s), float(v)) for s, v in pts] for k, pts in data.items()}
+
+    def events_since(self, cursor: int = 0) -> tuple[list[SessionEvent], int]:
+        try:
+            result = self._call("events", cursor=cursor)
+        except (NoLiveRun, OSError):
+            return [], cursor
+        return [event_from_dict(e) for e in result["events"]], int(result["cursor"])
+
+    def events(self, cursor: int = 0, timeout: float | None = None) -> Iterator[SessionEvent]:
+        """Events as they happen (after ``cursor``), on a connection of their own, until the run ends."""
+        conn = Connection(self.info, self.token, self.timeout)
+        try:
+            for event, _ in conn.stream(cursor, timeout):
+                yield event
+        finally:
+            conn.close()
+
+    def arguments(self) -> dict[str, Any]:
+        return self._call("arguments")
+
+    # -- lifecycle and commands --------------------------------------------------------------
+
+    def start(self) -> "RemoteSession":
+        """An attached run is already started; starting it again is refused."""
+        status = self.status
+        if status == Status.IDLE or status in ENDED:
+            raise RuntimeError(f"start: the remote run is {status}; start runs where they run (workbench run)")
+        return self
+
+    def wait(self, timeout: float | None = None) -> Status:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.status
+            if status in ENDED:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                return status
+            time.sleep(0.1)
+        snap = self.snapshot()
+        if status == Status.FAILED and snap.error:
+            raise RuntimeError(snap.error)
+        return status
+
+    def pause(self, wait: bool = False, timeout: float | None = None) -> Status:
+        limit = 600.0 if timeout is None else timeout
+        return Status(self._call("pause", _wait=limit + 5.0 if wait else None, wait=wait,
+                                 **({"timeout": limit} if wait else {})))
+
+    def resume(self) -> Status:
+        return Status(self._call("resume"))
+
+    def stop(self, save: bool = True) -> Status:
+        return Status(self._call("stop", save=save))
+
+    def save(self) -> Future:
+        return self._future("save", "checkpoint", Path)
+
+    def evaluate(self) -> Future:
+        return self._future("evaluate", "metrics")
+
+    def validate_edits(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+        return self._call("validate", changes=dict(changes))
+
+    def set(self, **changes: Any) -> Future:
+        self.validate_edits(changes)  # refused here, at once, like the local Session's set()
+        return self._future("set", "applied", changes=changes)
+
+    # -- looking inside ------------------------------------------------------------------------------
+
+    def memory(self) -> MemoryUsage:
+        return MemoryUsage.from_dict(self._call("memory"))
+
+    def inspect(self) -> dict[str, Any]:
+        return self._call("inspect")
+
+    def sample(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, top_k: int | None = 20,
+               seed: int = 0) -> str:
+        return self._call("sample", _wait=120.0, prompt=prompt, max_new_tokens=max_new_tokens,
+                          temperature=temperature, top_k=top_k, seed=seed)
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+
+    @property
+    def checkpoints(self) -> list[CheckpointRow]:
+        return [CheckpointRow.from_dict(r) for r in self._call("checkpoints", action="list")]
+
+    def delete_checkpoint(self, name: str) -> None:
+        self._call("checkpoints", action="delete", name=name)
+
+    def resume_from(self, checkpoint: str | Path) -> "RemoteSession":
+        self._call("checkpoints", action="resume_from", checkpoint=str(checkpoint))
+        return self
+
+    def parse_overrides(self, text: str | Mapping[str, str]) -> dict[str, Any]:
+        return self._call("parse_overrides", text=text if isinstance(text, str) else dict(text))
+
+    def check_branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> dict[str, Any]:
+        return self._call("check_branch", checkpoint=str(checkpoint), output_dir=str(output_dir), overrides=overrides)
+
+    def branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> "RemoteSession":
+        self._call("checkpoints", action="branch", checkpoint=str(checkpoint), output_dir=str(output_dir))
+        return self
+
+    def panel(self) -> Any:
+        """The Jupyter panel on this remote run (needs ipywidgets)."""
+        from workbench.widgets.notebook import Panel
+
+        return Panel(self)
+
+
+def attach(target: str | Path, token: str | None = None, timeout: float = 5.0) -> RemoteSession:
+    """Attach to the live run at ``target``: its output_dir (control.json says where it
+    listens), or ``HOST:PORT`` of a TCP endpoint (pass ``token``). Raises NoLiveRun with
+    one line when nothing answers there (including a stale control.json)."""
+    info = resolve_target(target)
+    return RemoteSession(info, token=token, timeout=timeout)

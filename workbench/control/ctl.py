@@ -1,0 +1,110 @@
+"""``workbench ctl OUTDIR COMMAND [ARGS] [--json]``: one command to a live run, from a shell.
+
+Exit codes (workbench/exit_codes.py): 0 done; 2 a bad command or value (the run's own
+one-line refusal); 3 no live run answers (no control.json, a stale one, or nothing
+listening). Printing is here; the talking is the client's.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from workbench.control.client import RemoteError, RemoteSession, attach
+from workbench.control.discovery import NoLiveRun
+from workbench.exit_codes import EXIT_NO_RUN, EXIT_OK, EXIT_USAGE
+
+__all__ = ["run_ctl", "CTL_COMMANDS"]
+
+CTL_COMMANDS = ("status", "pause", "resume", "save", "eval", "stop", "set", "checkpoints")
+
+
+def _parse_pairs(values: list[str]) -> dict[str, str]:
+    """``KEY=VALUE`` words as typed (the run parses and checks the values)."""
+    changes: dict[str, str] = {}
+    for word in values:
+        key, sep, value = word.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"set: expected KEY=VALUE (e.g. learning_rate=1e-4), got {word!r}")
+        changes[key.strip()] = value.strip()
+    if not changes:
+        raise ValueError("set: give at least one KEY=VALUE, e.g. workbench ctl OUTDIR set learning_rate=1e-4")
+    return changes
+
+
+def _execute(session: RemoteSession, action: str, values: list[str], wait: bool, save: bool) -> Any:
+    if action == "status":
+        return session._call("status")
+    if action == "pause":
+        return {"status": str(session.pause(wait=wait))}
+    if action == "resume":
+        return {"status": str(session.resume())}
+    if action == "stop":
+        return {"status": str(session.stop(save=save))}
+    if action == "save":
+        return {"checkpoint": str(session.save().result())}
+    if action == "eval":
+        return {"metrics": session.evaluate().result()}
+    if action == "set":
+        return {"applied": session.set(**_parse_pairs(values)).result()}
+    if action == "checkpoints":
+        return [row.to_dict() for row in session.checkpoints]
+    raise ValueError(f"unknown command {action!r}; use one of: {', '.join(CTL_COMMANDS)}")
+
+
+def _print(action: str, result: Any) -> None:
+    if action == "status":
+        loss = result.get("loss")
+        parts = [f"{result['status']}", f"step {result['step']}/{result['max_steps']}"]
+        if loss is not None:
+            parts.append(f"loss {loss:.4g}")
+        if result.get("learning_rate") is not None:
+            parts.append(f"lr {result['learning_rate']:.3g}")
+        if result.get("steps_per_second"):
+            parts.append(f"{result['steps_per_second']:.2f} steps/s")
+        print(f"{result.get('run_name') or 'run'}: " + ", ".join(parts))
+    elif action == "checkpoints":
+        for row in result:
+            state = "complete" if row["complete"] else "incomplete"
+            print(f"{row['name']:<20} step {row['step']:>7} {state}{' *best' if row['best'] else ''}")
+        if not result:
+            print("no checkpoints yet")
+    elif isinstance(result, dict):
+        print(", ".join(f"{k}: {v}" for k, v in result.items()))
+    else:
+        print(result)
+
+
+def run_ctl(target: str, action: str, values: list[str], as_json: bool = False, wait: bool = False,
+            save: bool = True, token: str | None = None) -> int:
+    """Send one command to the run at ``target``; returns the exit code."""
+    if action not in CTL_COMMANDS:
+        print(f"workbench: ctl: unknown command {action!r}; use one of: {', '.join(CTL_COMMANDS)}", file=sys.stderr)
+        return EXIT_USAGE
+    if values and action != "set":
+        print(f"workbench: ctl {action}: takes no arguments (got {' '.join(values)})", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        session = attach(target, token=token)
+    except NoLiveRun as exc:
+        print(f"workbench: {exc}", file=sys.stderr)
+        return EXIT_NO_RUN
+    except PermissionError as exc:  # a wrong token
+        print(f"workbench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        result = _execute(session, action, values, wait, save)
+    except (NoLiveRun, OSError) as exc:
+        print(f"workbench: {exc}", file=sys.stderr)
+        return EXIT_NO_RUN
+    except (ValueError, RuntimeError, RemoteError) as exc:
+        print(f"workbench: ctl {action}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        session.close()
+    if as_json:
+        print(json.dumps(result, indent=None if action != "checkpoints" else 2, default=str))
+    else:
+        _print(action, result)
+    return EXIT_OK

@@ -1,0 +1,128 @@
+"""Where a live run can be reached: ``output_dir/control.json`` and the runtime socket folder.
+
+control.json (mode 0600) is written when a run's control server starts and removed when it
+stops; it names the endpoint (a Unix socket path, or host and port with a token), the pid
+and host of the run, the protocol version and the start time. A run killed with SIGKILL
+leaves it behind: :func:`stale_reason` tells a client so (the pid is gone, or the socket is
+missing), and the next run simply replaces the file.
+
+Sockets live in a short per-user folder (``$XDG_RUNTIME_DIR/workbench`` or
+``/tmp/workbench-<uid>``, mode 0700), not in output_dir: a Unix socket path must fit in
+about 108 bytes, and output_dirs on clusters are often longer, or on filesystems (NFS,
+Lustre) that cannot hold sockets at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CONTROL_FILE", "SUN_PATH_MAX", "NoLiveRun", "runtime_dir", "socket_path", "write_control",
+           "read_control", "remove_control", "stale_reason", "pid_alive"]
+
+CONTROL_FILE = "control.json"
+SUN_PATH_MAX = 107  # bytes usable in sockaddr_un.sun_path on Linux (108 with the NUL)
+
+
+class NoLiveRun(RuntimeError):
+    """No live run answers at a target (no control.json, a stale one, or nothing listening)."""
+
+
+def runtime_dir() -> Path:
+    """The per-user folder for control sockets, created with mode 0700 (only its owner can
+    connect: that is the Unix transport's access control)."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(xdg) / "workbench" if xdg and Path(xdg).is_dir() else Path(tempfile.gettempdir()) / f"workbench-{os.getuid()}"
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = base.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise PermissionError(f"{base} is not a folder owned by this user; refusing to put control sockets there")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(base, 0o700)
+    return base
+
+
+def socket_path(name: str) -> Path:
+    """A socket path in the runtime folder; ValueError when it would not fit in sun_path."""
+    path = runtime_dir() / name
+    if len(os.fsencode(str(path))) > SUN_PATH_MAX:
+        raise ValueError(f"control socket path {path} is longer than {SUN_PATH_MAX} bytes; set XDG_RUNTIME_DIR "
+                         "to a shorter folder or use --control-port")
+    return path
+
+
+def write_control(output_dir: str | os.PathLike, info: dict[str, Any]) -> Path:
+    """Write control.json atomically with mode 0600 (it may hold a TCP token), replacing any
+    stale one."""
+    folder = Path(output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / CONTROL_FILE
+    tmp = folder / f".{CONTROL_FILE}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # O_CREAT's mode is masked by the umask; the token must not be readable
+        os.write(fd, (json.dumps(info, indent=1) + "\n").encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, target)
+    return target
+
+
+def read_control(output_dir: str | os.PathLike) -> dict[str, Any]:
+    """control.json of a run; NoLiveRun (one line) when there is none or it is unreadable."""
+    path = Path(output_dir) / CONTROL_FILE
+    if not Path(output_dir).is_dir():
+        raise NoLiveRun(f"{output_dir} is not a directory; pass a run's output_dir or HOST:PORT")
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise NoLiveRun(f"no live run in {output_dir} (no {CONTROL_FILE}: the run has ended, has not started, "
+                        "or runs with --no-control)") from None
+    except (OSError, ValueError) as exc:
+        raise NoLiveRun(f"{path} is unreadable ({exc})") from None
+    if not isinstance(info, dict):
+        raise NoLiveRun(f"{path} is not a control file")
+    return info
+
+
+def remove_control(output_dir: str | os.PathLike, pid: int | None = None) -> None:
+    """Remove control.json, but only this process's (a newer run may have replaced it)."""
+    path = Path(output_dir) / CONTROL_FILE
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if pid is None or info.get("pid") == pid:
+        path.unlink(missing_ok=True)
+
+
+def pid_alive(pid: object) -> bool:
+    """Whether a process with this pid exists on this host."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stale_reason(info: dict[str, Any]) -> str | None:
+    """Why a control.json was left by a run that is gone, or None if it may be live. Only
+    decidable on the run's own host (elsewhere a connection attempt decides)."""
+    if info.get("host") != socket.gethostname():
+        return None
+    if not pid_alive(info.get("pid")):
+        return f"the run (pid {info.get('pid')}) is gone; its {CONTROL_FILE} is stale"
+    path = info.get("socket")
+    if path and not Path(path).exists():
+        return f"its socket {path} is missing; the {CONTROL_FILE} is stale"
+    return None

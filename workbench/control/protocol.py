@@ -1,0 +1,150 @@
+"""The control protocol: newline-delimited JSON, one message a line (PROTOCOL_VERSION 1).
+
+Request: ``{"id": n, "cmd": "...", "args": {...}}``. Reply: ``{"id": n, "ok": true,
+"result": ...}`` or ``{"id": n, "ok": false, "error": "one line", "kind": "ValueError"}``
+(``kind`` lets a client raise the same exception type the Session raised). A subscribed
+connection also receives ``{"event": {...}, "cursor": n}`` lines. Lines are capped at
+MAX_LINE bytes in both directions, so neither side can be made to buffer without bound.
+
+Also here: the plain-data conversions of the session's value types (Snapshot, SessionEvent)
+to JSON and back, and the series downsampling the server applies before sending.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from workbench.session.state import CheckpointRow, MemoryUsage, SessionEvent, Snapshot, Status
+
+__all__ = ["PROTOCOL_VERSION", "MAX_LINE", "COMMANDS", "ProtocolError", "encode", "decode_request",
+           "decode_reply", "reply_ok", "reply_error", "snapshot_to_dict", "snapshot_from_dict",
+           "event_to_dict", "event_from_dict", "downsample"]
+
+PROTOCOL_VERSION = 1
+MAX_LINE = 1 << 20  # 1 MiB: a longer line is a protocol error (the connection is closed)
+
+# Every command the server answers (server.py maps each to a Session method).
+COMMANDS = frozenset({
+    "hello", "status", "snapshot", "events", "series", "arguments", "memory",
+    "pause", "resume", "stop", "save", "evaluate", "validate", "set", "inspect", "sample",
+    "checkpoints", "parse_overrides", "check_branch",
+})
+
+
+class ProtocolError(ValueError):
+    """A message that breaks the protocol (not JSON, too long, wrong shape)."""
+
+
+def encode(message: Mapping[str, Any]) -> bytes:
+    """One message as a JSON line. NaN/inf are written as JSON5-style ``NaN``/``Infinity``
+    (Python's json reads them back): a diverged loss must still be reportable."""
+    data = json.dumps(message, separators=(",", ":"), default=_plain).encode("utf-8") + b"\n"
+    if len(data) > MAX_LINE:
+        raise ProtocolError(f"message of {len(data)} bytes is over the {MAX_LINE}-byte line limit")
+    return data
+
+
+def _plain(value: Any) -> Any:
+    """JSON for what json cannot write itself: paths, enums, tuples of dataclasses."""
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if hasattr(value, "__fspath__"):
+        return str(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    return repr(value)
+
+
+def _load(line: bytes | str) -> dict[str, Any]:
+    if len(line) > MAX_LINE:
+        raise ProtocolError(f"line of {len(line)} bytes is over the {MAX_LINE}-byte limit")
+    try:
+        message = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"not a JSON line ({exc})") from None
+    if not isinstance(message, dict):
+        raise ProtocolError(f"expected a JSON object, got {type(message).__name__}")
+    return message
+
+
+def decode_request(line: bytes | str) -> tuple[int, str, dict[str, Any]]:
+    """``(id, cmd, args)`` of a request line; ProtocolError when it has the wrong shape."""
+    message = _load(line)
+    ident, cmd, args = message.get("id"), message.get("cmd"), message.get("args", {})
+    if isinstance(ident, bool) or not isinstance(ident, int):
+        raise ProtocolError("request: 'id' must be an integer")
+    if not isinstance(cmd, str) or not cmd:
+        raise ProtocolError("request: 'cmd' must be a command name")
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise ProtocolError("request: 'args' must be an object")
+    return ident, cmd, args
+
+
+def decode_reply(line: bytes | str) -> dict[str, Any]:
+    """A reply or event line as a dict (checked to be an object)."""
+    return _load(line)
+
+
+def reply_ok(ident: int, result: Any) -> dict[str, Any]:
+    return {"id": ident, "ok": True, "result": result}
+
+
+def reply_error(ident: int | None, error: BaseException | str) -> dict[str, Any]:
+    """An error reply: the first line of the message only (the Session's errors are one line)."""
+    if isinstance(error, BaseException):
+        text, kind = str(error) or type(error).__name__, type(error).__name__
+    else:
+        text, kind = error, "ProtocolError"
+    return {"id": ident, "ok": False, "error": text.splitlines()[0] if text else kind, "kind": kind}
+
+
+# -- value types <-> JSON ---------------------------------------------------------------------
+
+
+def snapshot_to_dict(snap: Snapshot, series: bool = True) -> dict[str, Any]:
+    """A Snapshot as plain data (``series=False`` leaves the curves out: status polls stay small)."""
+    data = asdict(snap)
+    data["status"] = str(snap.status)
+    data["series"] = {k: [list(p) for p in v] for k, v in snap.series.items()} if series else {}
+    return data
+
+
+def snapshot_from_dict(data: Mapping[str, Any]) -> Snapshot:
+    """The Snapshot a server sent (unknown keys ignored, so a newer server still works)."""
+    fields = dict(data)
+    fields["status"] = Status(fields.get("status", "idle"))
+    fields["series"] = {k: tuple((int(s), float(v)) for s, v in pts) for k, pts in (fields.get("series") or {}).items()}
+    memory = fields.get("memory")
+    fields["memory"] = MemoryUsage.from_dict(memory) if memory else None
+    fields["checkpoints"] = tuple(CheckpointRow.from_dict(r) for r in fields.get("checkpoints") or ())
+    fields["edits"] = tuple(dict(e) for e in fields.get("edits") or ())
+    known = Snapshot.__dataclass_fields__
+    return Snapshot(**{k: v for k, v in fields.items() if k in known})
+
+
+def event_to_dict(event: SessionEvent) -> dict[str, Any]:
+    return {"kind": event.kind, "step": event.step, "time": event.time, "data": event.data}
+
+
+def event_from_dict(data: Mapping[str, Any]) -> SessionEvent:
+    return SessionEvent(kind=str(data["kind"]), step=int(data["step"]), time=float(data["time"]),
+                        data=dict(data.get("data") or {}))
+
+
+def downsample(points: Sequence[tuple[int, float]], limit: int) -> list[list[float]]:
+    """At most ``limit`` points spread evenly over ``points``, the first and last kept
+    (the run's side thins a curve so a remote chart gets only what it can draw)."""
+    n = len(points)
+    if limit <= 0:
+        return []
+    if n <= limit:
+        return [list(p) for p in points]
+    if limit == 1:
+        return [list(points[-1])]
+    picks = sorted({round(i * (n - 1) / (limit - 1)) for i in range(limit)})
+    return [list(points[i]) for i in picks]

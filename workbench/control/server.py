@@ -1,0 +1,366 @@
+"""The control server: a live run's endpoint for ``workbench ctl``, ``attach`` and scripts.
+
+It runs on its own threads on rank 0 and touches the run only through the Session's public
+methods (the same ones the dashboard calls), so every command is checked by the Session's
+own rules and reaches the loop through its queue. Replies and events are read from the
+Session's immutable snapshot and event history. Nothing here ever holds a lock the training
+thread waits on while it talks to a client, so a slow, dead or hostile client can only lose
+its own connection:
+
+- one thread per connection, a bounded number of connections (MAX_CLIENTS);
+- lines are capped at MAX_LINE; a malformed message gets an error reply and the
+  connection is closed;
+- sends time out (SEND_TIMEOUT): a client that stops reading is dropped;
+- commands from all clients are serialized (one at a time into the Session); waiting for
+  a queued save or evaluation happens outside that lock.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import secrets
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from workbench.control.discovery import remove_control, socket_path, write_control
+from workbench.control.protocol import (
+    MAX_LINE, PROTOCOL_VERSION, ProtocolError, decode_request, downsample, encode, event_to_dict, reply_error,
+    reply_ok, snapshot_to_dict)
+from workbench.session.protocol import SessionLike
+
+__all__ = ["ControlServer", "MAX_CLIENTS", "SEND_TIMEOUT"]
+
+log = logging.getLogger("workbench")
+
+MAX_CLIENTS = 32
+SEND_TIMEOUT = 10.0  # seconds a client may take to read a reply before it is dropped
+POLL_S = 0.1  # how often a subscribed connection looks for new events
+MAX_WAIT_S = 600.0  # the longest a request may wait for a queued command
+
+
+class _Refused(Exception):
+    """Close the connection after the error reply (bad token, broken protocol)."""
+
+
+def _bool(args: dict, key: str, default: bool) -> bool:
+    value = args.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key}: expected true or false, got {value!r}")
+    return value
+
+
+def _number(args: dict, key: str, default: float | None, low: float = 0.0, high: float = MAX_WAIT_S) -> float | None:
+    value = args.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ValueError(f"{key}: expected a number from {low:g} to {high:g}, got {value!r}")
+    return float(value)
+
+
+class ControlServer:
+    """Serve one Session over a Unix socket (default) or TCP (``port``; token required)."""
+
+    def __init__(self, session: SessionLike, output_dir: str | os.PathLike, port: int | None = None,
+                 host: str | None = None) -> None:
+        self.session = session
+        self.output_dir = Path(output_dir)
+        self.port = port
+        self.host = host or "127.0.0.1"  # loopback unless the user names another address
+        self.token = secrets.token_urlsafe(24) if port is not None else None
+        self.info: dict[str, Any] = {}
+        self._listener: socket.socket | None = None
+        self._closing = threading.Event()
+        self._serial = threading.Lock()  # one command at a time into the Session
+        self._clients: set[threading.Thread] = set()
+        self._clients_lock = threading.Lock()
+        self._accepter: threading.Thread | None = None
+        self._snap_cache: tuple[Any, bool, dict] | None = None  # (snapshot, with series, dict)
+        self._handlers: dict[str, Callable[[dict], Any]] = {
+            "hello": self._hello, "status": self._status, "snapshot": self._snapshot, "events": self._events,
+            "series": self._series, "arguments": lambda a: session.arguments(),
+            "memory": lambda a: session.memory().to_dict(), "pause": self._pause,
+            "resume": lambda a: str(session.resume()), "stop": lambda a: str(session.stop(save=_bool(a, "save", True))),
+            "save": self._save, "evaluate": self._evaluate, "validate": self._validate, "set": self._set,
+            "inspect": lambda a: session.inspect(), "sample": self._sample, "checkpoints": self._checkpoints,
+            "parse_overrides": lambda a: session.parse_overrides(a.get("text", "")),
+            "check_branch": self._check_branch,
+        }
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> dict[str, Any]:
+        """Bind, write control.json, and serve on a daemon thread; returns control.json's content."""
+        info: dict[str, Any] = {"protocol": PROTOCOL_VERSION, "pid": os.getpid(), "host": socket.gethostname(),
+                                "started": time.time(), "output_dir": str(self.output_dir.resolve())}
+        if self.port is None:
+            path = socket_path(f"{os.getpid()}-{secrets.token_hex(4)}.sock")
+            path.unlink(missing_ok=True)
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(str(path))
+            os.chmod(path, 0o600)
+            info["socket"] = str(path)
+        else:
+            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+            listener = socket.socket(family, socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((self.host, self.port))
+            info["tcp"] = f"{self.host}:{listener.getsockname()[1]}"
+            info["token"] = self.token
+        listener.listen(16)
+        listener.settimeout(0.25)  # the accept loop notices close() this often
+        self._listener = listener
+        self.info = info
+        write_control(self.output_dir, info)
+        self._accepter = threading.Thread(target=self._accept_loop, name="workbench-control", daemon=True)
+        self._accepter.start()
+        return info
+
+    def close(self, grace: float = 1.0) -> None:
+        """Stop serving: subscribed clients get the last events, then every connection closes;
+        control.json and the socket file are removed."""
+        with self._clients_lock:
+            attached = any(t.is_alive() for t in self._clients)
+        if attached:  # pollers (the dashboard polls at ~4 Hz) get to read the final snapshot
+            time.sleep(min(grace, 0.3))
+        self._closing.set()
+        if self._accepter is not None:
+            self._accepter.join(grace)
+        with self._clients_lock:
+            clients = list(self._clients)
+        deadline = time.monotonic() + grace
+        for thread in clients:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+        if self._listener is not None:
+            self._listener.close()
+        remove_control(self.output_dir, os.getpid())
+        if "socket" in self.info:
+            Path(self.info["socket"]).unlink(missing_ok=True)
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._closing.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self._clients_lock:
+                self._clients = {t for t in self._clients if t.is_alive()}
+                if len(self._clients) >= MAX_CLIENTS:
+                    self._send_quietly(conn, reply_error(None, f"too many clients (at most {MAX_CLIENTS})"))
+                    conn.close()
+                    continue
+                thread = threading.Thread(target=self._serve, args=(conn,), name="workbench-control-client",
+                                          daemon=True)
+                self._clients.add(thread)
+            thread.start()
+
+    # -- one connection ---------------------------------------------------------------------
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(SEND_TIMEOUT)
+        state = {"authed": self.token is None, "subscribed": False, "cursor": 0}
+        buffer = bytearray()
+        try:
+            while not self._closing.is_set():
+                readable, _, _ = select.select([conn], [], [], POLL_S)
+                if readable:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return  # the client hung up (possibly mid-message: the partial line is dropped)
+                    buffer += chunk
+                    while (end := buffer.find(b"\n")) >= 0:
+                        line, buffer = bytes(buffer[:end]), buffer[end + 1:]
+                        if line.strip():
+                            self._answer(conn, line, state)
+                    if len(buffer) > MAX_LINE:
+                        raise _Refused(f"line over the {MAX_LINE}-byte limit")
+                if state["subscribed"]:
+                    self._push_events(conn, state)
+            if state["subscribed"]:  # the run ended: hand over its last events before closing
+                self._push_events(conn, state)
+        except _Refused as exc:
+            self._send_quietly(conn, reply_error(None, str(exc)))
+        except (OSError, ValueError):
+            pass  # a dead or stalled client: only its connection ends
+        finally:
+            conn.close()
+
+    def _answer(self, conn: socket.socket, line: bytes, state: dict) -> None:
+        try:
+            ident, cmd, args = decode_request(line)
+        except ProtocolError as exc:
+            raise _Refused(str(exc)) from None
+        if not state["authed"]:
+            token = args.get("token") if cmd == "hello" else None
+            if not isinstance(token, str) or not hmac.compare_digest(token, self.token or ""):
+                conn.sendall(encode(reply_error(ident, PermissionError("token refused: pass the token from "
+                                                                       "control.json"))))
+                raise _Refused("token refused")
+            state["authed"] = True
+        handler = self._handlers.get(cmd)
+        if handler is None:
+            reply = reply_error(ident, ValueError(f"unknown command {cmd!r}; known: {', '.join(sorted(self._handlers))}"))
+        else:
+            try:
+                result = handler(args)
+                if cmd == "events" and args.get("subscribe"):
+                    state["subscribed"], state["cursor"] = True, result["cursor"]
+                reply = reply_ok(ident, result)
+            except (ValueError, RuntimeError, TypeError, KeyError, TimeoutError, OSError) as exc:
+                reply = reply_error(ident, exc)
+            except Exception as exc:  # noqa: BLE001 - a bug answers one client, never ends the run
+                log.warning("control: %s failed: %s", cmd, exc, exc_info=True)
+                reply = reply_error(ident, f"internal error in {cmd}: {type(exc).__name__}: {exc}")
+        try:
+            data = encode(reply)
+        except ProtocolError as exc:
+            data = encode(reply_error(ident, exc))
+        conn.sendall(data)
+
+    def _push_events(self, conn: socket.socket, state: dict) -> None:
+        events, cursor = self.session.events_since(state["cursor"])
+        state["cursor"] = cursor
+        if events:
+            conn.sendall(b"".join(encode({"event": event_to_dict(e), "cursor": cursor}) for e in events))
+
+    @staticmethod
+    def _send_quietly(conn: socket.socket, message: dict) -> None:
+        try:
+            conn.settimeout(1.0)
+            conn.sendall(encode(message))
+        except OSError:
+            pass
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run one Session command; commands from all clients go in one at a time."""
+        with self._serial:
+            return fn()
+
+    @staticmethod
+    def _await(value: Any, args: dict, what: str) -> tuple[bool, Any]:
+        """(done, result) of a command that may have been queued (a Future)."""
+        if not hasattr(value, "result"):
+            return True, value
+        if not _bool(args, "wait", True):
+            return False, None
+        timeout = _number(args, "timeout", 120.0)
+        try:
+            return True, value.result(timeout=timeout)
+        except TimeoutError:
+            raise TimeoutError(f"{what}: still queued after {timeout:g} s; it runs at the next step end") from None
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def _hello(self, args: dict) -> dict:
+        snap = self.session.snapshot()
+        return {"protocol": PROTOCOL_VERSION, "pid": os.getpid(), "host": socket.gethostname(),
+                "started": self.info.get("started"), "run_name": snap.run_name, "output_dir": snap.output_dir,
+                "status": str(self.session.status)}
+
+    def _status(self, args: dict) -> dict:
+        snap = self.session.snapshot()
+        return {"status": str(self.session.status), "stop_reason": self.session.stop_reason, "step": snap.step,
+                "max_steps": snap.max_steps, "epoch": snap.epoch, "steps_per_second": snap.steps_per_second,
+                "eta": snap.eta, "loss": snap.latest("loss"), "learning_rate": snap.latest("learning_rate"),
+                "best_metric": snap.best_metric, "run_name": snap.run_name, "output_dir": snap.output_dir}
+
+    def _snapshot(self, args: dict) -> dict:
+        snap = self.session.snapshot()
+        since = args.get("since")
+        if since is not None and since == snap.updated:
+            return {"unchanged": True}
+        series = _bool(args, "series", True)
+        cached = self._snap_cache
+        # One encoding per published snapshot, however many clients poll it.
+        if cached is not None and cached[0] is snap and cached[1] == series:
+            return cached[2]
+        data = snapshot_to_dict(snap, series=series)
+        self._snap_cache = (snap, series, data)
+        return data
+
+    def _events(self, args: dict) -> dict:
+        cursor = args.get("cursor", 0)
+        events, cursor = self.session.events_since(cursor)
+        return {"events": [event_to_dict(e) for e in events], "cursor": cursor}
+
+    def _series(self, args: dict) -> dict:
+        points = args.get("points", 200)
+        if isinstance(points, bool) or not isinstance(points, int) or not 1 <= points <= 100_000:
+            raise ValueError(f"points: expected a whole number from 1 to 100000, got {points!r}")
+        names = args.get("names")
+        if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
+            raise ValueError("names: expected a list of series names")
+        series = self.session.snapshot().series
+        return {k: downsample(v, points) for k, v in series.items() if names is None or k in names}
+
+    def _pause(self, args: dict) -> str:
+        wait = _bool(args, "wait", False)
+        timeout = _number(args, "timeout", 60.0)
+        if not wait:
+            return str(self._call(lambda: self.session.pause()))
+        self._call(lambda: self.session.pause())
+        # The wait itself is outside the command lock: other clients keep being answered.
+        return str(self.session.pause(wait=True, timeout=timeout))
+
+    def _save(self, args: dict) -> dict:
+        done, path = self._await(self._call(self.session.save), args, "save")
+        return {"checkpoint": str(path)} if done else {"queued": True}
+
+    def _evaluate(self, args: dict) -> dict:
+        done, metrics = self._await(self._call(self.session.evaluate), args, "evaluate")
+        return {"metrics": metrics} if done else {"queued": True}
+
+    @staticmethod
+    def _changes(args: dict) -> dict:
+        changes = args.get("changes")
+        if not isinstance(changes, dict) or not changes:
+            raise ValueError("set: expected changes as an object, e.g. {\"learning_rate\": 1e-4}")
+        return changes
+
+    def _validate(self, args: dict) -> dict:
+        return self.session.validate_edits(self._changes(args))
+
+    def _set(self, args: dict) -> dict:
+        changes = self._changes(args)
+        done, applied = self._await(self._call(lambda: self.session.set(**changes)), args, "set")
+        return {"applied": applied} if done else {"queued": True}
+
+    def _sample(self, args: dict) -> str:
+        prompt = args.get("prompt")
+        if not isinstance(prompt, str):
+            raise ValueError("sample: expected a prompt string")
+        options = {k: args[k] for k in ("max_new_tokens", "temperature", "top_k", "seed") if k in args}
+        return self._call(lambda: self.session.sample(prompt, **options))
+
+    def _checkpoints(self, args: dict) -> Any:
+        action = args.get("action", "list")
+        if action == "list":
+            return [row.to_dict() for row in self.session.checkpoints]
+        if action == "delete":
+            name = args.get("name")
+            if not isinstance(name, str):
+                raise ValueError("checkpoints delete: expected a checkpoint name such as checkpoint-40")
+            self._call(lambda: self.session.delete_checkpoint(name))
+            return {"deleted": name}
+        if action in ("resume_from", "branch"):
+            # Both need the run to have ended, and an ended run serves no endpoint.
+            raise RuntimeError(f"checkpoints {action}: restart a run where it runs (workbench run --resume "
+                               "CHECKPOINT, with --set for changed arguments)")
+        raise ValueError(f"checkpoints: unknown action {action!r}; use list or delete")
+
+    def _check_branch(self, args: dict) -> dict:
+        overrides = args.get("overrides") or {}
+        if not isinstance(overrides, dict):
+            raise ValueError("check_branch: overrides must be an object")
+        return self.session.check_branch(str(args.get("checkpoint", "")), str(args.get("output_dir", "")),
+                                         **overrides)

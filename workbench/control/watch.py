@@ -1,0 +1,201 @@
+"""``workbench watch OUTDIR``: a run shown read-only.
+
+A live run is attached to and wrapped so that nothing can steer it (:class:`ReadOnly`); a
+finished, stopped or crashed run is rebuilt from its files (:class:`RecordedRun`):
+events.jsonl gives the curves, edits and how it ended, the checkpoint store its catalog.
+Both are SessionLike, so the dashboard shows them unchanged; every command is refused with
+one line saying why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from workbench.control.discovery import NoLiveRun
+from workbench.session.state import CheckpointRow, MemoryUsage, SeriesStore, SessionEvent, Snapshot, Status
+
+__all__ = ["RecordedRun", "ReadOnly", "open_watch"]
+
+_EVENT_KINDS = {"log": "logged", "eval": "evaluated", "save": "saved", "pause": "paused", "resume": "resumed",
+                "edit": "edited", "start": "started", "end": "finished", "error": "failed"}
+
+
+class _Refusing:
+    """The commands of a read-only SessionLike: each one refused with the same line."""
+
+    why = "read-only"
+
+    def _refuse(self, what: str) -> Any:
+        raise RuntimeError(f"{what}: {self.why}")
+
+    def start(self) -> Any:
+        return self
+
+    def pause(self, wait: bool = False, timeout: float | None = None) -> Status:
+        return self._refuse("pause")
+
+    def resume(self) -> Status:
+        return self._refuse("resume")
+
+    def stop(self, save: bool = True) -> Status:
+        return self._refuse("stop")
+
+    def save(self) -> Future | Path:
+        return self._refuse("save")
+
+    def evaluate(self) -> Future | dict[str, float]:
+        return self._refuse("evaluate")
+
+    def validate_edits(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+        return self._refuse("set")
+
+    def set(self, **changes: Any) -> Any:
+        return self._refuse("set")
+
+    def inspect(self) -> dict[str, Any]:
+        return self._refuse("inspect")
+
+    def sample(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, top_k: int | None = 20,
+               seed: int = 0) -> str:
+        return self._refuse("sample")
+
+    def delete_checkpoint(self, name: str) -> None:
+        self._refuse("delete")
+
+    def resume_from(self, checkpoint: str | Path) -> Any:
+        return self._refuse("resume_from")
+
+    def parse_overrides(self, text: str | Mapping[str, str]) -> dict[str, Any]:
+        return self._refuse("branch")
+
+    def check_branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> dict[str, Any]:
+        return self._refuse("branch")
+
+    def branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> Any:
+        return self._refuse("branch")
+
+
+class RecordedRun(_Refusing):
+    """A run that has ended, rebuilt from ``output_dir``'s events.jsonl and checkpoints."""
+
+    why = "this run has ended; it is shown from its files (workbench run --resume to continue it)"
+
+    def __init__(self, output_dir: str | Path) -> None:
+        from workbench.checkpoint.store import CheckpointStore
+        from workbench.train.tracking import read_events
+
+        self.output_dir = Path(output_dir)
+        if not self.output_dir.is_dir():
+            raise NotADirectoryError(f"{output_dir} is not a directory; pass a run's output_dir")
+        records = read_events(self.output_dir)
+        if not records and not CheckpointStore(self.output_dir).list():
+            raise FileNotFoundError(f"{output_dir} holds no events.jsonl and no checkpoints; nothing to watch")
+        self._events = [SessionEvent(kind=_EVENT_KINDS.get(r.get("event", ""), str(r.get("event"))),
+                                     step=int(r.get("step", 0)), time=float(r.get("time", 0.0)),
+                                     data={k: v for k, v in r.items() if k not in ("event", "step", "time")})
+                        for r in records]
+        self._rows = [CheckpointRow.from_dict(info.to_dict()) for info in CheckpointStore(self.output_dir).list()]
+        self._snapshot = self._build(records)
+
+    def _build(self, records: list[dict[str, Any]]) -> Snapshot:
+        series = SeriesStore()
+        status, error, max_steps, step, run_name, edits = Status.STOPPED, None, 0, 0, None, []
+        first = last = None
+        for r in records:
+            kind, at = r.get("event"), int(r.get("step", 0))
+            step = max(step, at)
+            first = r.get("time") if first is None else first
+            last = r.get("time", last)
+            if kind == "start":
+                max_steps, run_name = int(r.get("max_steps") or 0), r.get("run_name")
+                status, error = Status.STOPPED, None  # a later start (resume) supersedes an earlier end
+            elif kind == "log":
+                series.add_log(at, r)
+            elif kind == "eval":
+                series.add_eval(at, {k: v for k, v in r.items() if k not in ("event", "step", "time", "epoch")})
+            elif kind == "edit":
+                edits.append({k: v for k, v in r.items() if k != "event"})
+            elif kind == "end":
+                status = Status.FINISHED if r.get("status") == "finished" else Status.STOPPED
+            elif kind == "error":
+                status, error = Status.FAILED, r.get("error")
+        elapsed = float(last - first) if isinstance(first, (int, float)) and isinstance(last, (int, float)) else 0.0
+        return Snapshot(status=status, step=step, max_steps=max_steps, elapsed=elapsed, series=series.frozen(),
+                        checkpoints=tuple(self._rows), edits=tuple(edits), error=error, run_name=run_name,
+                        output_dir=str(self.output_dir), updated=float(last or 0.0))
+
+    @property
+    def status(self) -> Status:
+        return self._snapshot.status
+
+    @property
+    def stop_reason(self) -> str | None:
+        return None
+
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
+    def events_since(self, cursor: int = 0) -> tuple[list[SessionEvent], int]:
+        return self._events[cursor:], len(self._events)
+
+    def arguments(self) -> dict[str, Any]:
+        return {}
+
+    def wait(self, timeout: float | None = None) -> Status:
+        return self.status
+
+    def memory(self) -> MemoryUsage:
+        return self._refuse("memory")
+
+    @property
+    def checkpoints(self) -> list[CheckpointRow]:
+        return list(self._rows)
+
+
+class ReadOnly(_Refusing):
+    """A live run's RemoteSession with every steering command refused (watching only)."""
+
+    why = "workbench watch is read-only; use workbench attach or workbench ctl to steer the run"
+
+    def __init__(self, remote: Any) -> None:
+        self.remote = remote
+
+    @property
+    def status(self) -> Status:
+        return self.remote.status
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self.remote.stop_reason
+
+    @property
+    def checkpoints(self) -> list[CheckpointRow]:
+        return self.remote.checkpoints
+
+    def snapshot(self) -> Snapshot:
+        return self.remote.snapshot()
+
+    def events_since(self, cursor: int = 0) -> tuple[list[SessionEvent], int]:
+        return self.remote.events_since(cursor)
+
+    def arguments(self) -> dict[str, Any]:
+        return self.remote.arguments()
+
+    def memory(self) -> MemoryUsage:
+        return self.remote.memory()
+
+    def wait(self, timeout: float | None = None) -> Status:
+        return self.remote.wait(timeout)
+
+
+def open_watch(output_dir: str | Path) -> RecordedRun | ReadOnly:
+    """The live run in ``output_dir`` (read-only), or its recording when nothing answers."""
+    from workbench.control.client import attach
+
+    try:
+        return ReadOnly(attach(output_dir))
+    except NoLiveRun:
+        return RecordedRun(output_dir)
