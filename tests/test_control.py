@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.control.client import Connection, RemoteSession, attach
+from workbench.control.client import Connection, attach
 from workbench.control.discovery import CONTROL_FILE, NoLiveRun, read_control, write_control
 from workbench.control.protocol import (
     MAX_LINE, ProtocolError, decode_request, downsample, encode, snapshot_from_dict, snapshot_to_dict)

@@ -285,6 +285,7 @@ def test_config_data_pipeline_end_to_end(tmp_path, caplog):
     assert torch.isfinite(torch.tensor(result.training_loss))
 
 
+@pytest.mark.slow
 def test_headless_cli_shows_a_tokenizing_progress_line(tmp_path):
     (tmp_path / "t.txt").write_text("".join(f"line {i} " + "ab" * i + "\n" for i in range(40)))
     cfg = tmp_path / "c.toml"

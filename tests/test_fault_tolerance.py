@@ -39,7 +39,8 @@ from workbench.train.tracking import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+# Real signals and SIGKILLs on real subprocesses: every test here is an end-to-end run.
+pytestmark = [pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals"), pytest.mark.slow]
 
 
 # -- configs -------------------------------------------------------------------------------------

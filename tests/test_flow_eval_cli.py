@@ -655,6 +655,7 @@ def assert_one_line_usage_error(result: tuple[int, str, str]) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_cli_init_run_refuse_resume_overwrite_checkpoints(tmp_path):
     config = tmp_path / "cfg.toml"
     init = cli("init", config, cwd=tmp_path)
@@ -767,6 +768,7 @@ def build(in_features, num_classes):
 '''
 
 
+@pytest.mark.slow
 def test_cli_errors_and_failure_exit_codes(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text(MLP_CONFIG.format(model='builtin = "mlp"'))

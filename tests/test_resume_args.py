@@ -267,6 +267,7 @@ def test_only_compared_arguments_can_be_replaced_on_a_trainer(tmp_path):
 # ------------------------------------------------------------------------------ the CLI
 
 
+@pytest.mark.slow
 def test_cli_resume_with_set_applies_and_warns(tmp_path):
     out = tmp_path / "runs"
     config = tmp_path / "cfg.toml"

@@ -12,9 +12,6 @@ and ``events_since()``; they never touch the trainer. The methods front-ends use
 
 from __future__ import annotations
 
-import collections
-import copy
-import itertools
 import logging
 import os
 import queue
@@ -28,7 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.train.callbacks import TrainerCallback
-from workbench.distributed.rank_sync import HEARTBEAT_S
+from workbench.session.events import EventHub
+from workbench.session.rank_pause import hold_ranks_paused
 from workbench.session.state import ENDED, CheckpointRow, MemoryUsage, SeriesStore, SessionEvent, Snapshot, Status
 from workbench.train.edits import apply_edit, evaluate_between_steps, save_between_steps, validate_edits
 from workbench.train.rng import rng_preserved
@@ -39,7 +37,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Session", "Snapshot", "SessionEvent", "Status"]
 
-EVENT_HISTORY = 2000  # events kept for events_since(); a reader further behind loses the oldest
 
 
 def _chain(source: Future, target: Future) -> None:
@@ -128,9 +125,7 @@ class Session:
         self._traceback: str | None = None
         self._status = Status.IDLE
         self._series = SeriesStore()
-        self._subscribers: list[queue.Queue] = []
-        self._history: collections.deque[SessionEvent] = collections.deque(maxlen=EVENT_HISTORY)
-        self._emitted = 0  # events emitted so far: the cursor events_since() hands out
+        self._events = EventHub()
         self._edits: list[dict[str, Any]] = []
         self._started_at: float | None = None
         self._start_step = 0
@@ -424,70 +419,26 @@ class Session:
 
     def check_branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> dict[str, Any]:
         """Everything branch() checks, without stopping or creating anything; returns the
-        overrides validated. Callable while the run goes on, so a form can refuse a typo
-        before the run is stopped for the branch.
-
-        Refused, with a one-line ValueError: a checkpoint that is missing or incomplete; an
-        empty output_dir; this run's own output_dir (the branch's checkpoints, rotation and
-        lock would mix with the parent's); a folder that already holds checkpoints (a resume
-        there would pick the wrong run); unknown argument names, values of the wrong type
-        and invalid combinations (TrainingArguments' own checks, the learning-rate rule
-        among them).
-        """
-        import dataclasses
-
-        from workbench.checkpoint.store import CheckpointStore
-        from workbench.config.loader import check_training_overrides
+        overrides validated (session/branching.py says what is refused). Callable while the
+        run goes on, so a form can refuse a typo before the run is stopped for the branch."""
+        from workbench.session.branching import check_branch
 
         row = self._complete_checkpoint(checkpoint, "branch")
-        if not str(output_dir).strip():
-            raise ValueError("branch: output_dir is empty; give the new run a folder of its own")
-        parent = Path(self.trainer.args.output_dir).resolve()
-        target = Path(output_dir).resolve()
-        suggestion = f"{parent}-branch-{row.step}"
-        if target == parent:
-            raise ValueError(f"branch: {output_dir} is this run's own output_dir; a branch needs a folder of its "
-                             f"own (e.g. {suggestion})")
-        held = [c.name for c in CheckpointStore(target).list() if c.complete]
-        if held:
-            raise ValueError(f"branch: {output_dir} already holds checkpoints ({', '.join(held[:3])}"
-                             f"{', ...' if len(held) > 3 else ''}); choose a new or empty folder (e.g. {suggestion})")
-        try:
-            checked = check_training_overrides(overrides, args_cls=type(self.trainer.args))
-            dataclasses.replace(self.trainer.args, output_dir=str(output_dir), **checked)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"branch: {exc}") from None
-        return checked
+        return check_branch(self.trainer.args, row.step, output_dir, overrides)
 
     def branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> "Session":
         """A new Session that starts from ``checkpoint`` into ``output_dir`` with changed arguments.
 
         The current run must have ended; everything check_branch() refuses is refused here."""
+        from workbench.session.branching import branch_trainer
+
         self._require_not_running("branch")
         overrides = self.check_branch(checkpoint, output_dir, **overrides)
-        import dataclasses
-
-        from workbench.train.trainer import Trainer
-
-        old = self.trainer
-        args = dataclasses.replace(old.args, output_dir=str(output_dir), **overrides)
-        model = copy.deepcopy(unwrap_model(old.model))  # the parent keeps its own weights
-        user_callbacks = [cb for cb in old.callback_handler.callbacks if type(cb).__module__.split(".")[0] != "workbench"]
-        trainer = Trainer(model=model, args=args, data_collator=old.data_collator, train_dataset=old.train_dataset,
-                          eval_dataset=old.eval_dataset, processing_class=old.processing_class,
-                          compute_loss_func=old.compute_loss_func, compute_metrics=old.compute_metrics,
-                          callbacks=user_callbacks, preprocess_logits_for_metrics=old.preprocess_logits_for_metrics)
-        origin = {"checkpoint": str(Path(checkpoint).resolve()), "overrides": overrides,
-                  "parent_output_dir": str(Path(old.args.output_dir).resolve())}
+        trainer, origin = branch_trainer(self.trainer, checkpoint, output_dir, overrides)
         # The checkpoint restores the optimizer/schedule (old learning rate) and the state's
         # intervals; the resume applies the overrides that differ after the restore, as
         # recorded live edits (train/resume_args.py).
-        branch = Session(trainer, resume_from_checkpoint=str(checkpoint), origin=origin)
-        from workbench.train.tracking import EventLog
-
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
-        EventLog(output_dir).write("branch", 0, **origin)
-        return branch
+        return Session(trainer, resume_from_checkpoint=str(checkpoint), origin=origin)
 
     def _require_main(self, what: str) -> None:
         if self._sync is not None and not self._sync.is_main:
@@ -615,16 +566,11 @@ class Session:
 
     def subscribe(self, maxsize: int = 10_000) -> queue.Queue:
         """A queue receiving every SessionEvent from now on (oldest dropped when full)."""
-        q: queue.Queue = queue.Queue(maxsize=maxsize)
-        with self._lock:
-            self._subscribers.append(q)
-        return q
+        return self._events.subscribe(maxsize)
 
     def unsubscribe(self, q: queue.Queue) -> None:
         """Stop delivering events to ``q``."""
-        with self._lock:
-            if q in self._subscribers:
-                self._subscribers.remove(q)
+        self._events.unsubscribe(q)
 
     def events_since(self, cursor: int = 0) -> tuple[list[SessionEvent], int]:
         """The events after ``cursor`` and the cursor to pass next time: poll with
@@ -632,15 +578,7 @@ class Session:
         event). Only the newest EVENT_HISTORY events are kept: a reader further behind
         gets those. Plain request and answer, so a front-end in another process can poll
         it too."""
-        if isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 0:
-            raise ValueError(f"cursor: expected 0 or a cursor events_since() returned, got {cursor!r}")
-        with self._lock:
-            total = self._emitted
-            if cursor > total:
-                raise ValueError(f"cursor: {cursor} is ahead of this session's {total} events; pass 0 or a "
-                                 "cursor this session's events_since() returned")
-            oldest = total - len(self._history)
-            return list(itertools.islice(self._history, max(cursor - oldest, 0), None)), total
+        return self._events.since(cursor)
 
     def events(self, timeout: float | None = None) -> Iterator[SessionEvent]:
         """Iterate over events as they happen until the run ends (or nothing arrives for ``timeout``)."""
@@ -685,7 +623,7 @@ class Session:
     def _maybe_block(self) -> None:
         if self._sync is not None:
             if self._sync.is_main and self._sync.paused:
-                self._block_with_ranks(self._sync)
+                hold_ranks_paused(self, self._sync)
             return
         if not self._pause_requested.is_set():
             return
@@ -708,49 +646,9 @@ class Session:
             if self._status == Status.PAUSED:
                 self._set_status(Status.RUNNING)
 
-    def _block_with_ranks(self, sync) -> None:
-        """Rank 0's pause: heartbeats keep the other ranks waiting with it and carry the
-        saves and evaluations asked for meanwhile, which every rank runs together."""
-        with self._lock:
-            paused_at = time.perf_counter()
-            announced = False
-            self._blocked = True
-            try:
-                while True:
-                    wanted = self._pause_requested.is_set() and not self.trainer.stop_request.is_set()
-                    if wanted and not announced:
-                        announced = True
-                        self._set_status(Status.PAUSED)
-                        self._emit("paused")
-                        self._log_event("pause")
-                    kind, future = "", None
-                    if wanted and not self._paused_actions.empty():
-                        kind, future = self._paused_actions.get_nowait()
-                    still, actions = sync.heartbeat(wanted, kind)
-                    for action in actions:
-                        try:
-                            result = self._save_now() if action == "save" else self._evaluate_now()
-                        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                            if future is not None:
-                                future.set_exception(exc)
-                            raise
-                        if future is not None and action == kind:
-                            future.set_result(result)
-                            future = None
-                    if not still:
-                        break
-                    if self._paused_actions.empty():
-                        self._unpaused.wait(HEARTBEAT_S)
-            finally:
-                self._blocked = False
-                sync.paused = False
-                while not self._paused_actions.empty():  # asked for just as the pause ended
-                    kind, future = self._paused_actions.get_nowait()
-                    self._commands.put(_Command(kind, future=future))
-            if self._started_at is not None:
-                self._started_at += time.perf_counter() - paused_at
-            if self._status == Status.PAUSED:
-                self._set_status(Status.RUNNING)
+    def _requeue(self, kind: str, future: Future) -> None:
+        """A save or evaluation asked for just as a pause ended: run it at the next step."""
+        self._commands.put(_Command(kind, future=future))
 
     def _drain(self, control) -> None:
         if self._commands.empty():  # the common case, without raising queue.Empty every step
@@ -898,20 +796,7 @@ class Session:
             EventLog(self.trainer.args.output_dir).write(event, self.trainer.state.global_step, **fields)
 
     def _emit(self, kind: str, **data: Any) -> None:
-        event = SessionEvent(kind=kind, step=self.trainer.state.global_step, time=time.time(), data=data)
-        with self._lock:
-            subscribers = list(self._subscribers)
-            self._history.append(event)
-            self._emitted += 1
-        for q in subscribers:
-            try:
-                q.put_nowait(event)
-            except queue.Full:  # a slow consumer loses its oldest event, never blocks training
-                try:
-                    q.get_nowait()
-                    q.put_nowait(event)
-                except (queue.Empty, queue.Full):
-                    pass
+        self._events.emit(kind, self.trainer.state.global_step, **data)
 
     def _publish(self) -> None:
         # Serialized, so a thread that read older values can never overwrite a newer snapshot.
@@ -919,30 +804,16 @@ class Session:
             self._publish_locked()
 
     def _publish_locked(self) -> None:
-        state = self.trainer.state
-        now = time.perf_counter()
-        elapsed = now - self._started_at if self._started_at is not None else 0.0
-        done = state.global_step - self._start_step
-        steps_per_s = done / elapsed if elapsed > 0 and done > 0 else 0.0
-        args = self.trainer.args
-        samples_per_step = (state.train_batch_size or args.per_device_train_batch_size) * args.gradient_accumulation_steps \
-            * self.trainer.accelerator.num_processes
-        remaining = max(state.max_steps - state.global_step, 0)
-        tokens_per_s = None
-        batch = getattr(self.trainer, "last_inputs", None)
-        if isinstance(batch, dict) and hasattr(batch.get("input_ids"), "shape") and batch["input_ids"].dim() == 2:
-            tokens_per_s = steps_per_s * samples_per_step * batch["input_ids"].shape[1]
+        from workbench.session.progress import progress
+
+        state, args = self.trainer.state, self.trainer.args
         self._snapshot = replace(
             self._snapshot,
             status=self._status,
             step=state.global_step,
             max_steps=state.max_steps,
             epoch=state.epoch,
-            elapsed=elapsed,
-            steps_per_second=steps_per_s,
-            samples_per_second=steps_per_s * samples_per_step,
-            tokens_per_second=tokens_per_s,
-            eta=remaining / steps_per_s if steps_per_s > 0 else None,
+            **progress(self.trainer, self._started_at, self._start_step),
             memory=self._memory,
             checkpoints=self._catalog,
             series=self._series.frozen(),

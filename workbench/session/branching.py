@@ -1,0 +1,72 @@
+"""Branching a run: the checks a branch must pass, and the Trainer it starts with.
+
+Kept apart from the Session's thread and commands: the checks are plain functions a form
+can call before anything is stopped, and the rebuild only reads the parent Trainer.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from workbench.train.trainer import Trainer
+
+__all__ = ["check_branch", "branch_trainer"]
+
+
+def check_branch(args: Any, step: int, output_dir: str | Path, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The overrides of a branch from the parent's checkpoint at ``step``, validated.
+
+    Refused, with a one-line ValueError: an empty output_dir; the parent's own output_dir (the
+    branch's checkpoints, rotation and lock would mix with the parent's); a folder that already
+    holds checkpoints (a resume there would pick the wrong run); unknown argument names, values
+    of the wrong type and invalid combinations (TrainingArguments' own checks, the
+    learning-rate rule among them).
+    """
+    from workbench.checkpoint.store import CheckpointStore
+    from workbench.config.loader import check_training_overrides
+
+    if not str(output_dir).strip():
+        raise ValueError("branch: output_dir is empty; give the new run a folder of its own")
+    parent = Path(args.output_dir).resolve()
+    target = Path(output_dir).resolve()
+    suggestion = f"{parent}-branch-{step}"
+    if target == parent:
+        raise ValueError(f"branch: {output_dir} is this run's own output_dir; a branch needs a folder of its "
+                         f"own (e.g. {suggestion})")
+    held = [c.name for c in CheckpointStore(target).list() if c.complete]
+    if held:
+        raise ValueError(f"branch: {output_dir} already holds checkpoints ({', '.join(held[:3])}"
+                         f"{', ...' if len(held) > 3 else ''}); choose a new or empty folder (e.g. {suggestion})")
+    try:
+        checked = check_training_overrides(overrides, args_cls=type(args))
+        dataclasses.replace(args, output_dir=str(output_dir), **checked)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"branch: {exc}") from None
+    return checked
+
+
+def branch_trainer(old: "Trainer", checkpoint: str | Path, output_dir: str | Path,
+                   overrides: dict[str, Any]) -> tuple["Trainer", dict[str, Any]]:
+    """A Trainer for the branch (a copy of the parent's model, its data and hooks, the
+    parent's user callbacks) and the branch's origin record, also written to the branch's
+    events.jsonl. The parent keeps its own weights."""
+    from workbench.train.tracking import EventLog
+    from workbench.train.trainer import Trainer
+    from workbench.train.trainer_utils import unwrap_model
+
+    args = dataclasses.replace(old.args, output_dir=str(output_dir), **overrides)
+    model = copy.deepcopy(unwrap_model(old.model))
+    user_callbacks = [cb for cb in old.callback_handler.callbacks if type(cb).__module__.split(".")[0] != "workbench"]
+    trainer = Trainer(model=model, args=args, data_collator=old.data_collator, train_dataset=old.train_dataset,
+                      eval_dataset=old.eval_dataset, processing_class=old.processing_class,
+                      compute_loss_func=old.compute_loss_func, compute_metrics=old.compute_metrics,
+                      callbacks=user_callbacks, preprocess_logits_for_metrics=old.preprocess_logits_for_metrics)
+    origin = {"checkpoint": str(Path(checkpoint).resolve()), "overrides": overrides,
+              "parent_output_dir": str(Path(old.args.output_dir).resolve())}
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    EventLog(output_dir).write("branch", 0, **origin)
+    return trainer, origin
