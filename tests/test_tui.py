@@ -486,7 +486,7 @@ def test_help_lists_every_key(tmp_path):
         for key in ("space / p", "s ", "e ", "l ", "c ", "i ", "q ", "r / enter", "b ", "d / delete"):
             assert f"\n  {key}" in HELP_TEXT
         await press(pilot, "escape")
-        assert app.screen is app.dashboard
+        await wait_for(pilot, lambda: app.screen is app.dashboard, "the help screen to close")
         footer_keys = {b.key for b in app.dashboard.BINDINGS}
         assert {"space,p", "s", "e", "c", "i", "l", "q", "question_mark"} <= footer_keys
 
