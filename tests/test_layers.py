@@ -240,3 +240,12 @@ def test_import_workbench_does_not_import_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_every_package_folder_is_in_the_wheel():
+    """pyproject's explicit package list must name every package, or a wheel install lacks it."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {m for m, path in MODULES.items() if path.name == "__init__.py"}
+    assert found == listed, f"missing from pyproject: {sorted(found - listed)}; stale: {sorted(listed - found)}"

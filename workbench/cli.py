@@ -123,9 +123,10 @@ def _finish_rank(code: int) -> int:
     if "torch.distributed" in sys.modules:
         import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
+        if dist.is_available() and dist.is_initialized() and code in (EXIT_OK, EXIT_INTERRUPTED, EXIT_TERMINATED):
             # All ranks leave together: a rank tearing gloo down while another still talks
-            # to it can abort at interpreter exit.
+            # to it can abort at interpreter exit. Not after a failure: the other ranks may
+            # be inside a collective this rank will never join, and the launcher ends them.
             dist.barrier()
             dist.destroy_process_group()
     from workbench.distributed.world import is_main_process

@@ -126,6 +126,7 @@ class Session:
         self._status = Status.IDLE
         self._series = SeriesStore()
         self._events = EventHub()
+        self._memory_failed = False  # warned once that the memory report cannot be taken
         self._edits: list[dict[str, Any]] = []
         self._started_at: float | None = None
         self._start_step = 0
@@ -688,7 +689,13 @@ class Session:
             self._last_tick = now
             if now - self._memory_at >= 1.0:  # memory is sampled, not read per step
                 self._memory_at = now
-                self._memory = self.memory()
+                try:
+                    self._memory = self.memory()
+                except Exception as exc:  # noqa: BLE001 - a report must never end the run
+                    if not self._memory_failed:
+                        self._memory_failed = True
+                        logging.getLogger("workbench").warning("memory report unavailable (%s: %s); the run goes on without it",
+                                    type(exc).__name__, exc)
             self._publish()
 
     def _on_log(self, state, logs: dict[str, Any]) -> None:

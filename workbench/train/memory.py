@@ -26,6 +26,9 @@ def tensor_bytes(tensors: Any) -> int:
     for t in tensors:
         if not isinstance(t, torch.Tensor) or t.numel() == 0:
             continue
+        local = getattr(t, "_local_tensor", None)  # a DTensor (FSDP2): this rank's shard holds the bytes
+        if isinstance(local, torch.Tensor):
+            t = local
         ptr = t.untyped_storage().data_ptr()
         if ptr in seen:
             continue
