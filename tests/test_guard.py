@@ -386,3 +386,77 @@ def test_empty_ring_rolls_back_from_the_newest_checkpoint(tmp_path):
     assert disk.state.global_step == 12
     for a, b in zip(weights(memory), weights(disk)):
         assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------------------ several ranks
+
+_RANK_SCRIPT = '''
+import json, sys
+import torch
+from torch import nn
+from workbench import Guard, Trainer, TrainerCallback, TrainingArguments
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.lin = nn.Linear(4, 1)
+        self.poison = False
+    def forward(self, x, labels=None):
+        loss = ((self.lin(x) - labels) ** 2).mean()
+        return {"loss": loss * float("nan") if self.poison else loss}
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return {"x": torch.randn(4, generator=g), "labels": torch.randn(1, generator=g)}
+
+class PoisonRank1(TrainerCallback):
+    """Only rank 1's loss of step 3 is NaN."""
+    def __init__(self, model):
+        self.model = model
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.model.poison = state.global_step + 1 == 3 and torch.distributed.get_rank() == 1
+
+model = Model()
+args = TrainingArguments(sys.argv[1], max_steps=6, per_device_train_batch_size=4, learning_rate=0.05,
+                         logging_steps=2, save_strategy="no", report_to="none", disable_tqdm=True,
+                         optim=sys.argv[2])
+trainer = Trainer(model=model, args=args, train_dataset=Data(), callbacks=[PoisonRank1(model)],
+                  guard=Guard(nonfinite="skip"))
+trainer.train()
+rank = torch.distributed.get_rank()
+out = {"interventions": trainer.state.guard["interventions"],
+       "weights": [p.detach().tolist() for p in model.parameters()]}
+with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
+    json.dump(out, f)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optim", ["adamw_torch_fused", "sgd"])
+def test_nan_on_one_rank_is_skipped_by_both_at_the_same_step(tmp_path, optim):
+    import json
+    import math
+    import subprocess
+
+    from workbench.distributed.launch import launcher_command
+
+    script = tmp_path / "ranks.py"
+    script.write_text(_RANK_SCRIPT)
+    out = tmp_path / "out"
+    command, env = launcher_command(2, [str(script), str(out), optim])
+    repo = str(__import__("pathlib").Path(__file__).resolve().parents[1])
+    env = {**env, "PYTHONPATH": repo, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    # rank 0's own loss was finite, yet it skipped the same step (the flags were reduced)
+    assert [(i["step"], i["rank"]) for i in ranks[0]["interventions"]] == [(3, 0)]
+    assert [(i["step"], i["rank"]) for i in ranks[1]["interventions"]] == [(3, 1)]
+    assert ranks[0]["interventions"][0]["value"] != "nan" and ranks[1]["interventions"][0]["value"] == "nan"
+    assert ranks[0]["weights"] == ranks[1]["weights"]  # the replicas stayed equal
+    assert all(math.isfinite(v) for w in ranks[0]["weights"] for row in (w if isinstance(w[0], list) else [w])
+               for v in row)
