@@ -6,8 +6,10 @@ compute-bound), same arguments otherwise (fused AdamW, clipping, a log every 50 
 per step that is a few small device ops (isfinite, a running median, one found_inf flag
 for the fused optimizer) and no host sync. The target is a ratio >= 0.98.
 
-Not measured here yet: the blocked time of an in-memory snapshot vs a synchronous save
-(in-memory snapshots and rollback are not implemented yet).
+Then, for rollback, the time training is blocked per in-memory snapshot (host copies of
+weights, optimizer, schedule and RNG: checkpoint/snapshots.py) side by side with a
+synchronous checkpoint save (copies plus writing, hashing and publishing the files), on
+the same trained model.
 
 Usage: python benchmarks/guard_overhead.py [--steps N] [--repeats R] [--workload mlp|lm|all]
 """
@@ -22,6 +24,9 @@ import torch
 from _timing import print_table, round_robin
 from overhead import _check_steps, _workbench_trainer, lm_workload, mlp_workload
 
+import statistics
+import time
+
 from workbench import Guard
 
 GUARD_ON = Guard(nonfinite="skip", spike="skip")
@@ -34,6 +39,37 @@ def trainer_run(work, steps: int, out: str, guard: Guard | None):
         trainer.train()
     _check_steps("workbench Trainer", trainer.state.global_step, steps)
     return watch
+
+
+def blocked_ms(work, out: str, repeats: int) -> dict[str, list[float]]:
+    """Milliseconds one snapshot and one synchronous save block the loop, ``repeats`` each
+    (alternating, after a short run so the optimizer state exists)."""
+    from workbench.checkpoint.snapshots import Snapshot
+    from workbench.checkpoint.trainer_state import save_checkpoint
+
+    trainer, _ = _workbench_trainer(work, 5, out)
+    trainer.args.save_async = False
+    trainer.args.save_total_limit = 1  # keep the disk use of the repeats to one checkpoint
+    trainer.train()
+    times: dict[str, list[float]] = {"in-memory snapshot": [], "synchronous save": []}
+    for _ in range(repeats):
+        start = time.perf_counter()
+        Snapshot.take(trainer, (0, 0), {})
+        times["in-memory snapshot"].append(1e3 * (time.perf_counter() - start))
+        trainer.state.global_step += 1  # a new checkpoint name each time
+        start = time.perf_counter()
+        save_checkpoint(trainer)
+        times["synchronous save"].append(1e3 * (time.perf_counter() - start))
+    return times
+
+
+def print_blocked(title: str, times: dict[str, list[float]]) -> None:
+    base = statistics.median(times["synchronous save"])
+    print(title)
+    print(f"{'blocked':<20} {'median ms':>10} {'min':>8} {'max':>8} {'vs save':>8}")
+    for name, values in times.items():
+        med = statistics.median(values)
+        print(f"{name:<20} {med:>10.2f} {min(values):>8.2f} {max(values):>8.2f} {med / base:>8.2f}")
 
 
 def main() -> None:
@@ -56,6 +92,10 @@ def main() -> None:
         cpu = {name: f"{1e6 * sum(w.loop_cpu for w in ws) / (steps * len(ws)):.0f}" for name, ws in results.items()}
         print_table(f"{work.title}: {steps} steps x {opts.repeats} repeats, round robin (median)", rates,
                     "guard off", {"cpu µs/step": cpu})
+        print()
+        with tempfile.TemporaryDirectory() as out:
+            print_blocked(f"{work.title}: blocked per rollback snapshot vs checkpoint save, {opts.repeats} repeats",
+                          blocked_ms(work, out, opts.repeats))
         print()
 
 

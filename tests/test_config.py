@@ -571,7 +571,7 @@ def test_starter_config_validates_and_every_option_is_commented(tmp_path):
     option_lines = [ln for ln in text.splitlines() if ln and not ln.startswith(("#", "["))]
     assert option_lines and all("#" in ln for ln in option_lines)
     assert "# [hooks]" in text and "data_files" in text
-    assert (config.guard.nonfinite, config.guard.spike, config.guard.max_interventions) == ("skip", "skip", 5)
+    assert (config.guard.nonfinite, config.guard.spike, config.guard.max_interventions) == ("skip", "rollback", 5)
 
 
 def test_config_from_dict_reports_its_source(tmp_path):

@@ -9,6 +9,7 @@ bad depends only on the (seeded) data order.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -301,3 +302,161 @@ def test_no_host_syncs_on_non_logging_steps_with_the_guard_on(tmp_path, monkeypa
     assert trainer._training_loop is None and trainer.state.guard is not None  # the guard ran
     assert counter.windows == 18 and counter.total > 0
     assert counter.in_window == 0, counter.where
+
+
+# --------------------------------------------------------------------------- rollback
+
+# Snapshots at steps 0, 4, 8...; a log (a read point) every 4 steps; the spike at step 6 is
+# read at step 8, so steps 5-8 are undone and the data resumes past batch 5 plus one more.
+ROLLBACK = Guard(nonfinite="rollback", spike="rollback", spike_factor=20.0, window=4, snapshot_every=4,
+                 snapshots=2, rollback_skip=1)
+
+
+def guard_events(out) -> list[dict]:
+    return [e for e in read_events(out) if e["event"] == "guard"]
+
+
+def test_rollback_restores_a_snapshot_and_moves_past_the_bad_data(tmp_path):
+    steps = clean_order(tmp_path)
+    nan_sample = steps[5][0]  # step 6 (micro-batch 5 of epoch 0)
+    data = Poisoned(nan_ids=[nan_sample])
+    trainer, order = run(tmp_path / "run", data, ROLLBACK, max_steps=12, logging_steps=4)
+    assert trainer.state.global_step == 12
+    assert all(torch.isfinite(w).all() for w in weights(trainer))
+    (event,) = guard_events(tmp_path / "run")
+    assert (event["step"], event["kind"], event["action"], event["batches"]) == (6, "nonfinite", "rollback", [5, 5])
+    assert (event["restored_step"], event["source"]) == (4, "memory")
+    # batches 4 (undone step 5), 5 (the bad one) and 6 (rollback_skip) are never trained again
+    assert (event["skipped_from"], event["skipped_to"], event["skipped_batches"]) == ([0, 4], [0, 6], 3)
+    # 8 steps ran before the rollback was read, then steps 5-12 on batches 7-14
+    assert order.steps[:8] == steps[:8]
+    assert order.steps[8:] == steps[7:15]
+    seen = [i for ids in order.steps for i in ids]
+    assert seen.count(nan_sample) == 1  # the bad sample is never replayed
+    for ids in steps[4:7]:  # trained once before the rollback, never after it
+        assert all(seen.count(i) == 1 for i in ids)
+    saved = trainer.state.guard
+    assert saved["data"] == {"skipped": 3, "position": [0, 15]}
+
+
+def test_rollback_lr_backoff_is_a_recorded_live_edit(tmp_path):
+    steps = clean_order(tmp_path)
+    guard = dataclasses.replace(ROLLBACK, lr_backoff=0.5)
+    trainer, _ = run(tmp_path / "run", Poisoned(nan_ids=[steps[5][0]]), guard, max_steps=12, logging_steps=4,
+                     lr_scheduler_type="constant")
+    assert trainer.lr_scheduler.base_lrs == [0.025] and trainer.get_learning_rates()[0] == 0.025
+    assert [(e["step"], e["lr_scale"]) for e in trainer.state.live_edits] == [(4, 0.5)]
+    assert guard_events(tmp_path / "run")[0]["lr_scale"] == 0.5
+
+
+def test_resume_after_a_rollback_is_bitwise_equal(tmp_path):
+    steps = clean_order(tmp_path)
+    data = Poisoned(nan_ids=[steps[5][0]])
+    whole, whole_order = run(tmp_path / "whole", data, ROLLBACK, max_steps=12, logging_steps=4)
+    out = tmp_path / "parts"
+    # stopped at step 10 after the rollback (8 steps, back to 4, then 5-10): checkpoint-10
+    first, _ = run(out, data, ROLLBACK, callbacks=[StopAt(10)], max_steps=12, logging_steps=4)
+    assert [e["action"] for e in guard_events(out)] == ["rollback"]
+    resumed, resumed_order = run(out, data, ROLLBACK, resume=True, max_steps=12, logging_steps=4)
+    assert resumed_order.steps == whole_order.steps[-2:]  # the data order carries on past the skip
+    assert resumed.state.global_step == whole.state.global_step == 12
+    for a, b in zip(weights(whole), weights(resumed)):
+        assert torch.equal(a, b)
+    assert resumed.state.guard["interventions"] == whole.state.guard["interventions"]
+    assert resumed.state.guard["data"] == whole.state.guard["data"]
+
+
+def test_empty_ring_rolls_back_from_the_newest_checkpoint(tmp_path):
+    steps = clean_order(tmp_path)
+    data = Poisoned(nan_ids=[steps[5][0]])
+    # In memory: snapshots at 0, 3, 6; the bad step 6 is read at 6 and rolls back to 3.
+    memory_guard = dataclasses.replace(ROLLBACK, snapshot_every=3)
+    memory, memory_order = run(tmp_path / "memory", data, memory_guard, max_steps=12, logging_steps=4)
+    assert [(e["restored_step"], e["source"]) for e in guard_events(tmp_path / "memory")] == [(3, "memory")]
+    # From disk: a run resumed at checkpoint-3 holds no snapshot (the next is at 100), so the
+    # bad step (read at 8) rolls back to checkpoint-3, the same state as the snapshot.
+    disk_guard = dataclasses.replace(ROLLBACK, snapshot_every=100)
+    out = tmp_path / "disk"
+    run(out, data, disk_guard, callbacks=[StopAt(3)], max_steps=12, logging_steps=4)
+    disk, disk_order = run(out, data, disk_guard, resume=True, max_steps=12, logging_steps=4)
+    (event,) = guard_events(out)
+    assert (event["restored_step"], event["source"], event["skipped_from"], event["skipped_to"]) == \
+        (3, "checkpoint", [0, 3], [0, 6])
+    assert disk_order.steps[5:] == memory_order.steps[-9:] == steps[7:16]
+    assert disk.state.global_step == 12
+    for a, b in zip(weights(memory), weights(disk)):
+        assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------------------ several ranks
+
+_RANK_SCRIPT = '''
+import json, sys
+import torch
+from torch import nn
+from workbench import Guard, Trainer, TrainerCallback, TrainingArguments
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.lin = nn.Linear(4, 1)
+        self.poison = False
+    def forward(self, x, labels=None):
+        loss = ((self.lin(x) - labels) ** 2).mean()
+        return {"loss": loss * float("nan") if self.poison else loss}
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return {"x": torch.randn(4, generator=g), "labels": torch.randn(1, generator=g)}
+
+class PoisonRank1(TrainerCallback):
+    """Only rank 1's loss of step 3 is NaN."""
+    def __init__(self, model):
+        self.model = model
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.model.poison = state.global_step + 1 == 3 and torch.distributed.get_rank() == 1
+
+model = Model()
+args = TrainingArguments(sys.argv[1], max_steps=6, per_device_train_batch_size=4, learning_rate=0.05,
+                         logging_steps=2, save_strategy="no", report_to="none", disable_tqdm=True,
+                         optim=sys.argv[2])
+trainer = Trainer(model=model, args=args, train_dataset=Data(), callbacks=[PoisonRank1(model)],
+                  guard=Guard(nonfinite="skip"))
+trainer.train()
+rank = torch.distributed.get_rank()
+out = {"interventions": trainer.state.guard["interventions"],
+       "weights": [p.detach().tolist() for p in model.parameters()]}
+with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
+    json.dump(out, f)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optim", ["adamw_torch_fused", "sgd"])
+def test_nan_on_one_rank_is_skipped_by_both_at_the_same_step(tmp_path, optim):
+    import json
+    import math
+    import subprocess
+
+    from workbench.distributed.launch import launcher_command
+
+    script = tmp_path / "ranks.py"
+    script.write_text(_RANK_SCRIPT)
+    out = tmp_path / "out"
+    command, env = launcher_command(2, [str(script), str(out), optim])
+    repo = str(__import__("pathlib").Path(__file__).resolve().parents[1])
+    env = {**env, "PYTHONPATH": repo, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    # rank 0's own loss was finite, yet it skipped the same step (the flags were reduced)
+    assert [(i["step"], i["rank"]) for i in ranks[0]["interventions"]] == [(3, 0)]
+    assert [(i["step"], i["rank"]) for i in ranks[1]["interventions"]] == [(3, 1)]
+    assert ranks[0]["interventions"][0]["value"] != "nan" and ranks[1]["interventions"][0]["value"] == "nan"
+    assert ranks[0]["weights"] == ranks[1]["weights"]  # the replicas stayed equal
+    assert all(math.isfinite(v) for w in ranks[0]["weights"] for row in (w if isinstance(w[0], list) else [w])
+               for v in row)

@@ -96,6 +96,11 @@ class Guard:
         """Whether anything is watched (an inactive guard costs the loop one attribute check)."""
         return self.nonfinite != "off" or self.spike != "off"
 
+    @property
+    def rolls_back(self) -> bool:
+        """Whether an action is rollback (then the loop keeps a ring of in-memory snapshots)."""
+        return "rollback" in (self.nonfinite, self.spike)
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Guard":
         """A Guard from a ``[guard]`` table; unknown keys raise ArgumentError naming the key."""
@@ -121,9 +126,6 @@ class GuardMonitor:
     def __init__(self, guard: Guard, optimizer: torch.optim.Optimizer, device: torch.device,
                  num_processes: int = 1, saved: dict[str, Any] | None = None, *,
                  allow_found_inf: bool = True) -> None:
-        if "rollback" in (guard.nonfinite, guard.spike):
-            raise NotImplementedError("guard: the rollback action is not implemented yet (issue #18); "
-                                      "use skip, pause or stop")
         self.guard = guard
         self.device = device
         self.num_processes = num_processes
@@ -146,6 +148,11 @@ class GuardMonitor:
         self._pending: list[tuple[tuple[int, int, int, int], torch.Tensor]] = []
         self.interventions: list[dict[str, Any]] = []
         self.new: list[dict[str, Any]] = []  # found by the last collect
+        # Data the run jumped over (rollbacks), so the data position is no longer a function
+        # of the step: micro-batches skipped in all, and where the next step starts
+        # ([epoch, micro-batch], set by the loop each step). Both go into checkpoints.
+        self.skipped = 0
+        self.position: tuple[int, int] | None = None
         if saved:
             self.restore(saved)
 
@@ -248,11 +255,23 @@ class GuardMonitor:
     def export(self) -> dict[str, Any]:
         """What a checkpoint keeps (workbench_state.json): interventions and the detector's
         state, so a resumed run decides exactly as the uninterrupted one. Call ``collect`` first."""
-        return {"interventions": [dict(r) for r in self.interventions], "ring": self._ring.tolist(),
-                "pos": self._pos, "seen": self._seen}
+        data = {"skipped": self.skipped, "position": list(self.position) if self.position else None}
+        return {"interventions": [dict(r) for r in self.interventions], **self.detector(), "data": data}
+
+    def detector(self) -> dict[str, Any]:
+        """The spike detector's state (a host read of the running-median ring)."""
+        return {"ring": self._ring.tolist(), "pos": self._pos, "seen": self._seen}
 
     def restore(self, saved: dict[str, Any]) -> None:
+        """Back to an exported state: interventions, data offset and detector."""
         self.interventions = [dict(r) for r in saved.get("interventions", [])]
+        data = saved.get("data") or {}
+        self.skipped = int(data.get("skipped", 0))
+        self.position = tuple(data["position"]) if data.get("position") else None
+        self.restore_detector(saved)
+
+    def restore_detector(self, saved: dict[str, Any]) -> None:
+        """Put the running-median ring back (a snapshot's or a checkpoint's)."""
         ring = saved.get("ring")
         if ring is not None and len(ring) == self.guard.window:
             self._ring.copy_(torch.tensor(ring, dtype=torch.float32))

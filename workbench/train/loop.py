@@ -122,6 +122,19 @@ class TrainingLoop:
         if guard is not None:
             self.guard = GuardMonitor(guard, trainer.optimizer, acc.device, acc.num_processes,
                                       allow_found_inf=self._clip_plain)
+        # Rollback's ring of in-memory snapshots (None unless an action is rollback).
+        self.snapshots = None
+        self._restart: tuple[int, int] | None = None  # set by a rollback: where the data resumes
+        self._rollback_due: list[dict[str, Any]] = []  # rollbacks read outside a guard point
+        self._batches_per_epoch = len(loader) if has_length(loader) else None
+        if guard is not None and guard.rolls_back:
+            from workbench.checkpoint.snapshots import SnapshotRing
+            from workbench.checkpoint.state_dicts import is_fsdp
+
+            if is_fsdp(trainer):
+                raise ValueError("guard: rollback keeps full host copies per process and does not support FSDP; "
+                                 "use skip, pause or stop")
+            self.snapshots = SnapshotRing(guard.snapshot_every, guard.snapshots)
         trainer.callback_handler.optimizer = trainer.optimizer
         trainer.callback_handler.lr_scheduler = trainer.lr_scheduler
         trainer.callback_handler.train_dataloader = loader
@@ -180,18 +193,40 @@ class TrainingLoop:
             epochs_done = state.global_step // updates_per_epoch
             if not args.ignore_data_skip:
                 skip_batches = (state.global_step % updates_per_epoch) * args.gradient_accumulation_steps
-        epoch = epochs_done
+        if self.guard is not None and self.guard.skipped and self.guard.position is not None:
+            # A rollback jumped over data: the position is the checkpoint's, not the step's.
+            epochs_done = self.guard.position[0]
+            skip_batches = 0 if args.ignore_data_skip else self.guard.position[1]
+        if self.guard is not None:
+            self.guard.position = (epochs_done, skip_batches)
+        if self.snapshots is not None and self.snapshots.due(state.global_step):
+            self._take_snapshot()
+        epoch, skip = epochs_done, skip_batches
         # Re-planned each epoch: a live max_steps / num_train_epochs edit (or its replay on
-        # resume) can need more epochs than the arguments planned.
-        while epoch < (math.ceil(state.max_steps / updates_per_epoch) if updates_per_epoch else num_epochs):
+        # resume) can need more epochs than the arguments planned, and so can data a
+        # rollback skipped.
+        while epoch < self._epochs_planned(updates_per_epoch, num_epochs):
             if trainer.control.should_training_stop:
                 break
-            self._run_epoch(model, loader, epoch, skip_batches if epoch == epochs_done else 0,
-                            updates_per_epoch, ignore_keys_for_eval, start_time)
+            self._run_epoch(model, loader, epoch, skip, updates_per_epoch, ignore_keys_for_eval, start_time)
+            if self._restart is not None:  # a rollback: carry on from its data position
+                (epoch, skip), self._restart = self._restart, None
+                continue
             if trainer.control.should_training_stop:
                 break
-            epoch += 1
+            epoch, skip = epoch + 1, 0
         return self._finish(start_time, start_step)
+
+    def _epochs_planned(self, updates_per_epoch: int | None, num_epochs: int) -> int:
+        """Epochs the loop may enter: enough for max_steps, plus the data rollbacks skipped
+        (an overestimate is harmless: the run stops at max_steps)."""
+        if not updates_per_epoch:
+            return num_epochs
+        planned = math.ceil(self.trainer.state.max_steps / updates_per_epoch)
+        skipped = self.guard.skipped if self.guard is not None else 0
+        if skipped and self._batches_per_epoch:
+            planned += math.ceil(skipped / self._batches_per_epoch) + 1
+        return planned
 
     def _run_epoch(self, model, loader, epoch: int, skip: int, updates_per_epoch: int | None,
                    ignore_keys: list[str] | None, start_time: float) -> None:
@@ -253,9 +288,14 @@ class TrainingLoop:
                 state.epoch = epoch + state.global_step / state.max_steps
             if guard is not None:
                 guard.end_step(state.global_step, epoch, step_in_epoch - len(micro), step_in_epoch - 1)
+                guard.position = (epoch, step_in_epoch)
             trainer.control = handler.on_step_end(args, state, trainer.control)
             if guard is not None:
                 self._guard_point()
+                if self._restart is not None:
+                    return  # rolled back: this epoch's iterator is stale; run() restarts the data
+                if self.snapshots is not None and self.snapshots.due(state.global_step):
+                    self._take_snapshot()
             self._log_save_evaluate(model, ignore_keys, start_time)
             if trainer.control.should_epoch_stop or trainer.control.should_training_stop:
                 break
@@ -317,10 +357,13 @@ class TrainingLoop:
         interventions, and pause or stop if they ask for it."""
         trainer, guard, state = self.trainer, self.guard, self.trainer.state
         control = trainer.control
+        # A snapshot boundary is a read point too (the snapshot syncs anyway): no snapshot is
+        # taken with an unread bad step before it, so rollback always finds the one to use.
+        snapshot_due = self.snapshots is not None and self.snapshots.due(state.global_step)
         if not (control.should_log or control.should_save or control.should_training_stop or guard.due()
-                or state.global_step >= state.max_steps):
+                or state.global_step >= state.max_steps or snapshot_due or self._rollback_due):
             return
-        self.collect_guard()
+        self.collect_guard(act=True)
         # max_interventions acts once, when an intervention reaches it.
         pause = any(r["action"] == "pause" for r in guard.new) or (bool(guard.new) and guard.limit_reached())
         stop = any(r["action"] == "stop" for r in guard.new)
@@ -332,11 +375,19 @@ class TrainingLoop:
             control.should_save = True
             control.should_training_stop = True
 
-    def collect_guard(self) -> None:
+    def collect_guard(self, act: bool = False) -> None:
         """Read the guard's pending flags (a host sync) and record new interventions:
-        ``guard`` events (main process) and ``state.guard`` (the next checkpoint)."""
+        ``guard`` events (main process) and ``state.guard`` (the next checkpoint).
+
+        ``act``: at the loop's guard point, where a rollback can be carried out; elsewhere
+        (a save's own read) a rollback found is left for the next guard point.
+        """
         guard, trainer, acc = self.guard, self.trainer, self.accelerator
         guard.new = guard.collect(acc.process_index)
+        self._rollback_due.extend(r for r in guard.new if r["action"] == "rollback")
+        if act and self._rollback_due:
+            self._roll_back(self._rollback_due[0])  # the earliest bad step: later ones are undone with it
+            self._rollback_due = []
         if guard.new and acc.is_main_process:
             from workbench.train.tracking import EventLog
 
@@ -344,6 +395,33 @@ class TrainingLoop:
             for record in guard.new:
                 log.write("guard", record["step"], **{k: v for k, v in record.items() if k != "step"})
         trainer.state.guard = guard.export()
+
+    def _roll_back(self, record: dict[str, Any]) -> None:
+        """Carry out a rollback (train/rollback.py) and make this boundary the restored one:
+        the loss window restarts, and the log/save/evaluate/stop flags set for the undone
+        step are dropped (the end of the run moved back too)."""
+        from workbench.train.rollback import roll_back
+
+        trainer, state = self.trainer, self.trainer.state
+        at_end = state.global_step >= state.max_steps
+        resume = roll_back(trainer, self.guard, self.snapshots, record, self._batches_per_epoch)
+        if resume is None:
+            return
+        self._restart = resume
+        # The unlogged losses are partly of undone steps: dropped, counted from the restored step.
+        self.window.reset()
+        self.last_logged = state.global_step
+        control = trainer.control
+        control.should_log = control.should_save = control.should_evaluate = False
+        control.should_epoch_stop = False
+        if at_end:
+            control.should_training_stop = False  # set for reaching max_steps, no longer true
+
+    def _take_snapshot(self) -> None:
+        """A host copy of this boundary into the rollback ring (blocks for the copy only)."""
+        from workbench.checkpoint.snapshots import Snapshot
+
+        self.snapshots.add(Snapshot.take(self.trainer, self.guard.position, self.guard.detector()))
 
     def _log_save_evaluate(self, model, ignore_keys: list[str] | None, start_time: float) -> None:
         """A step or epoch end: hand over to the Trainer's ``_maybe_log_save_evaluate`` (HF's
