@@ -327,12 +327,20 @@ class ControlServer:
             raise ValueError("set: expected changes as an object, e.g. {\"learning_rate\": 1e-4}")
         return changes
 
+    @staticmethod
+    def _reason(args: dict) -> dict:
+        """``{"reason": text}`` when the client gave one (a SessionLike without reasons still works)."""
+        reason = args.get("reason")
+        if reason is not None and not isinstance(reason, str):
+            raise ValueError(f"reason: expected text, got {type(reason).__name__}")
+        return {"reason": reason} if reason else {}
+
     def _validate(self, args: dict) -> dict:
-        return self.session.validate_edits(self._changes(args))
+        return self.session.validate_edits(self._changes(args), **self._reason(args))
 
     def _set(self, args: dict) -> dict:
-        changes = self._changes(args)
-        done, applied = self._await(self._call(lambda: self.session.set(**changes)), args, "set")
+        changes, why = self._changes(args), self._reason(args)
+        done, applied = self._await(self._call(lambda: self.session.set(**why, **changes)), args, "set")
         return {"applied": applied} if done else {"queued": True}
 
     def _sample(self, args: dict) -> str:
