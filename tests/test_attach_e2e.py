@@ -267,3 +267,98 @@ def test_a_socket_folder_or_socket_of_another_user_is_refused(tmp_path):
         os.chown(socket_file, os.getuid(), os.getgid())
         assert ctl_status(out, run_dir)["status"] == "running"  # the refused pause never reached the run
         _stop_and_finish(run, out, run_dir)
+
+
+# -- two ranks steered by workbench ctl -------------------------------------------------------------
+
+
+# Imported by every Python process of the launch (PYTHONPATH): each rank records its step ends
+# and learning rate, so the test can see that a ctl command took effect at the same step on both.
+_RANK_RECORDER = r'''
+import json, os, time
+if os.environ.get("WB_TEST_RANK_LOG"):
+    import workbench.config.build as build
+    from workbench import TrainerCallback
+
+    _build = build.build_trainer
+
+    def build_trainer(run):
+        trainer = _build(run)
+        path = os.path.join(os.environ["WB_TEST_RANK_LOG"], f"rank{trainer.accelerator.process_index}.jsonl")
+        log = open(path, "a", buffering=1)
+
+        class Record(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                lr = trainer.optimizer.param_groups[0]["lr"]
+                log.write(json.dumps([state.global_step, time.monotonic(), lr]) + "\n")
+
+        trainer.add_callback(Record())
+        return trainer
+
+    build.build_trainer = build_trainer
+'''
+
+
+def _rank_log(folder: Path, rank: int) -> list[tuple[int, float, float]]:
+    path = folder / f"rank{rank}.jsonl"
+    if not path.exists():
+        return []
+    return [tuple(json.loads(line)) for line in path.read_text().splitlines() if line.endswith("]")]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ctl_steers_two_ranks_at_the_same_step(tmp_path):
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_RANK_RECORDER)
+    logs = tmp_path / "ranks"
+    logs.mkdir()
+    (tmp_path / "run.toml").write_text(CTL_CONFIG)
+    out = tmp_path / "out"
+    env = {**_env(), "PYTHONPATH": os.pathsep.join([str(hook), str(REPO)]), "WB_TEST_RANK_LOG": str(logs)}
+    run = subprocess.Popen([sys.executable, "-m", "workbench", "run", "run.toml", "--headless", "--num-processes",
+                            "2"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: (out / CONTROL_FILE).exists() or run.poll() is not None, "control.json", 240)
+        assert run.poll() is None, run.communicate()
+        wait_until(lambda: ctl_status(out, tmp_path)["step"] >= 20, "twenty steps")
+        paused = workbench("ctl", out, "pause", "--wait", cwd=tmp_path)
+        assert paused.returncode == 0 and "paused" in paused.stdout, paused.stderr
+        step = ctl_status(out, tmp_path)["step"]
+        # Both ranks stop at the paused step and stay there.
+        wait_until(lambda: all(_rank_log(logs, r) and _rank_log(logs, r)[-1][0] == step for r in (0, 1)),
+                   f"both ranks at step {step}", 60)
+        time.sleep(1.0)
+        assert [_rank_log(logs, r)[-1][0] for r in (0, 1)] == [step, step], "a rank moved while paused"
+
+        edited = workbench("ctl", out, "set", "learning_rate=0.05", "--reason", "two-rank check", cwd=tmp_path)
+        assert edited.returncode == 0, edited.stderr
+        saved = workbench("ctl", out, "save", "--json", cwd=tmp_path)
+        assert saved.returncode == 0, saved.stderr
+        checkpoint = Path(json.loads(saved.stdout)["checkpoint"])
+        assert checkpoint.name == f"checkpoint-{step}"
+        assert CheckpointStore(out).verify(checkpoint) == (True, None)
+        assert (checkpoint / "rng_state_1.pth").is_file()  # rank 1 took part in the save
+        assert workbench("ctl", out, "resume", cwd=tmp_path).returncode == 0
+        wait_until(lambda: ctl_status(out, tmp_path)["step"] > step + 10, "ten steps after resuming")
+        _stop_and_finish(run, out, tmp_path)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    zero, one = _rank_log(logs, 0), _rank_log(logs, 1)
+    for ranks_log in (zero, one):
+        # The pause: the one long gap between step ends is before step+1 on each rank.
+        gaps = [(b[1] - a[1], b[0]) for a, b in zip(ranks_log, ranks_log[1:])]
+        assert max(gaps)[1] == step + 1 and max(gaps)[0] > 1.0
+    lr0 = {s: lr for s, _, lr in zero}
+    lr1 = {s: lr for s, _, lr in one}
+    assert lr0 == lr1, "the ranks' learning rates differ at some step"
+    assert lr0[step] < 0.011 and lr0[step + 1] > 0.04  # the edit took effect from the pause on, on both
+    assert max(lr0) == max(lr1)  # both stopped at the same step
+    final = CheckpointStore(out).list()[-1]
+    assert final.step == max(lr0) and (Path(final.path) / "rng_state_1.pth").is_file()
+    state = json.loads((Path(final.path) / "workbench_state.json").read_text())  # live edits live here
+    edits = state["live_edits"]
+    assert [(e["step"], e["learning_rate"], e["reason"]) for e in edits] == [(step, 0.05, "two-rank check")]
