@@ -476,3 +476,21 @@ def test_a_socket_another_user_owns_is_not_connected_to(tmp_path, sessions, monk
         with pytest.raises(PermissionError, match="owned by uid"):
             attach(out)
     attach(out).close()
+
+
+def test_a_subscriber_hears_an_event_at_once_not_at_the_next_poll(tmp_path, sessions, monkeypatch):
+    import workbench.control.server as server
+
+    monkeypatch.setattr(server, "POLL_S", 5.0)  # a poll this slow would hold the event back for seconds
+    out = tmp_path / "run"
+    session = running(out, sessions)
+    session.pause(wait=True, timeout=60)
+    conn = Connection(read_control(out))
+    conn.call("events", cursor=session.events_since(0)[1], subscribe=True)  # subscribed from now on
+    sent = time.monotonic()
+    session.resume()
+    kinds: list[str] = []
+    while "resumed" not in kinds:
+        kinds.append(json.loads(conn._line(10.0))["event"]["kind"])
+    assert "resumed" in kinds and time.monotonic() - sent < 2.0
+    conn.close()
