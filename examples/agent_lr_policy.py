@@ -5,8 +5,8 @@
 
 It attaches to the run (``workbench.attach``), follows its event stream, and when the
 evaluation loss has not improved for ``patience`` evaluations in a row, halves the learning
-rate through ``set(lr_scale=0.5)``: the run records every decision as a live edit (in
-events.jsonl and the next checkpoint), and this script prints the reason next to it. Only
+rate through ``set(lr_scale=0.5, reason=...)``: the run records every decision with its
+reason as a live edit (in events.jsonl and the next checkpoint). Only
 the public client is used; the run checks every edit itself.
 """
 
@@ -36,7 +36,7 @@ def watch_and_steer(target: str, patience: int = 3, min_delta: float = 0.0, max_
             continue
         reason = f"eval_loss {loss:.4g} has not improved on {best:.4g} for {stale} evaluations"
         try:
-            applied = run.set(lr_scale=0.5).result(timeout=120)
+            applied = run.set(lr_scale=0.5, reason=reason).result(timeout=120)
         except (ValueError, RuntimeError) as exc:  # the run refused it (or has just ended)
             print(f"step {event.step}: not applied: {exc}")
             break

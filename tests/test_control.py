@@ -435,3 +435,62 @@ def test_the_agent_example_halves_the_lr_on_a_plateau(tmp_path, sessions):
     assert all("has not improved" in d["reason"] for d in decisions)
     edits = [e for e in read_events(out) if e["event"] == "edit"]
     assert [e["lr_scale"] for e in edits] == [0.5, 0.5]
+    # Each decision is recorded with its reason, in the event and in the live-edit record.
+    assert [e["reason"] for e in edits] == [d["reason"] for d in decisions]
+    assert [e.get("reason") for e in session.trainer.state.live_edits] == [d["reason"] for d in decisions]
+
+
+def test_an_edit_keeps_its_reason_locally_remotely_and_across_ranks_records(tmp_path, sessions):
+    out = tmp_path / "run"
+    session = running(out, sessions)
+    remote = attach(out)
+    remote.pause(wait=True, timeout=60)
+    with pytest.raises(ValueError, match="reason: expected text"):
+        remote.set(learning_rate=1e-3, reason=5)
+    with pytest.raises(ValueError, match="reason: expected text"):
+        session.set(learning_rate=1e-3, reason=["x"])
+    with pytest.raises(ValueError, match="character limit"):
+        remote.set(learning_rate=1e-3, reason="x" * 2000)
+    assert not session.trainer.state.live_edits, "a refused reason changed the run"
+    assert remote.set(learning_rate=1e-3, reason=" eval loss flat\n for 3 evals ").result(timeout=60) == {
+        "learning_rate": 1e-3}
+    session.set(max_steps=500)  # no reason: no reason key
+    first, second = session.trainer.state.live_edits
+    assert first["reason"] == "eval loss flat for 3 evals" and "reason" not in second
+    edits = [e for e in read_events(out) if e["event"] == "edit"]
+    assert edits[0]["reason"] == "eval loss flat for 3 evals" and "reason" not in edits[1]
+    assert [e.kind for e in session.events_since(0)[0]].count("edited") == 2
+    # The rank agreement carries records with reasons; only the edits are applied.
+    from workbench.train.edits import edit_changes
+
+    assert edit_changes(first) == {"learning_rate": 1e-3}
+    remote.close()
+
+
+def test_a_socket_another_user_owns_is_not_connected_to(tmp_path, sessions, monkeypatch):
+    out = tmp_path / "run"
+    running(out, sessions)
+    real = os.getuid()
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "getuid", lambda: real + 1)  # as if the socket were someone else's
+        with pytest.raises(PermissionError, match="owned by uid"):
+            attach(out)
+    attach(out).close()
+
+
+def test_a_subscriber_hears_an_event_at_once_not_at_the_next_poll(tmp_path, sessions, monkeypatch):
+    import workbench.control.server as server
+
+    monkeypatch.setattr(server, "POLL_S", 5.0)  # a poll this slow would hold the event back for seconds
+    out = tmp_path / "run"
+    session = running(out, sessions)
+    session.pause(wait=True, timeout=60)
+    conn = Connection(read_control(out))
+    conn.call("events", cursor=session.events_since(0)[1], subscribe=True)  # subscribed from now on
+    sent = time.monotonic()
+    session.resume()
+    kinds: list[str] = []
+    while "resumed" not in kinds:
+        kinds.append(json.loads(conn._line(10.0))["event"]["kind"])
+    assert "resumed" in kinds and time.monotonic() - sent < 2.0
+    conn.close()

@@ -308,8 +308,10 @@ def describe_event(kind: str, step: int, data: dict[str, Any]) -> tuple[str, str
     if kind == "resumed":
         return "info", f"step {step}: resumed"
     if kind == "edited":
-        changes = " ".join(f"{k}={fmt_number(v) if isinstance(v, float) else v}" for k, v in data.items())
-        return "info", f"step {step}: set {changes}"
+        changes = " ".join(f"{k}={fmt_number(v) if isinstance(v, float) else v}" for k, v in data.items()
+                           if k != "reason")
+        why = f" ({data['reason']})" if data.get("reason") else ""  # an agent's decision says why
+        return "info", f"step {step}: set {changes}{why}"
     if kind == "started":
         return "info", f"step {step}: started, {data.get('max_steps', '?')} steps"
     if kind == "deleted":

@@ -68,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     ctl.add_argument("--wait", action="store_true", help="pause: return once the run is paused")
     ctl.add_argument("--no-save", action="store_true", help="stop: without the final checkpoint")
     ctl.add_argument("--token", default=None, help="the TCP endpoint's token (read from control.json for an OUTDIR)")
+    ctl.add_argument("--reason", default=None, metavar="TEXT",
+                     help="set: why (kept with the edit in events.jsonl and the next checkpoint)")
 
     attach = sub.add_parser("attach", help="open the dashboard on a live run elsewhere (q detaches)")
     attach.add_argument("target", metavar="OUTDIR|HOST:PORT")
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             from workbench.control.ctl import run_ctl
 
             return run_ctl(ns.target, ns.action, ns.values, as_json=ns.json, wait=ns.wait, save=not ns.no_save,
-                           token=ns.token)
+                           token=ns.token, reason=ns.reason)
         if ns.command == "attach":
             return _attach(ns)
         if ns.command == "watch":

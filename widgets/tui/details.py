@@ -10,7 +10,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from workbench.session.state import is_timing_metric
+from workbench.train.edits import edit_changes
 from workbench.widgets.view import fmt_bytes, fmt_number
 
 __all__ = ["checkpoint_details", "config_differences", "key_metrics"]
@@ -74,8 +77,9 @@ def checkpoint_details(info: Any, current_args: dict[str, Any] | None) -> list[s
     lines.append("")
     lines.append("[b]live edits[/b]")
     for edit in edits:
-        changes = ", ".join(f"{k}={_value(v)}" for k, v in edit.items() if k not in ("step", "time"))
-        lines.append(f"  step {edit.get('step', '?')}: {changes}")
+        changes = ", ".join(f"{k}={_value(v)}" for k, v in edit_changes(edit).items())
+        why = f" [dim]({escape(str(edit['reason']))})[/]" if edit.get("reason") else ""
+        lines.append(f"  step {edit.get('step', '?')}: {changes}{why}")
     if not edits:
         lines.append("  (none)")
 

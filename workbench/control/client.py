@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from workbench.control.discovery import NoLiveRun, read_control, stale_reason
+from workbench.control.discovery import NoLiveRun, check_socket_owner, read_control, stale_reason
 from workbench.control.protocol import (
     MAX_LINE, PROTOCOL_VERSION, ProtocolError, decode_reply, encode, event_from_dict, snapshot_from_dict)
 from workbench.session.state import ENDED, CheckpointRow, MemoryUsage, SessionEvent, Snapshot, Status
@@ -58,12 +58,15 @@ class Connection:
         self.timeout = timeout
         try:
             if info.get("socket"):
+                check_socket_owner(info["socket"])  # PermissionError: not an OSError we report as "no run"
                 self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 self.sock.settimeout(timeout)
                 self.sock.connect(str(info["socket"]))
             else:
                 host, _, port = str(info["tcp"]).rpartition(":")
                 self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        except PermissionError:
+            raise
         except OSError as exc:
             where = info.get("socket") or info.get("tcp")
             raise NoLiveRun(f"no live run answers at {where} ({exc.strerror or exc})") from None
@@ -284,12 +287,14 @@ class RemoteSession:
     def evaluate(self) -> Future:
         return self._future("evaluate", "metrics")
 
-    def validate_edits(self, changes: Mapping[str, Any]) -> dict[str, Any]:
-        return self._call("validate", changes=dict(changes))
+    def validate_edits(self, changes: Mapping[str, Any], reason: str | None = None) -> dict[str, Any]:
+        return self._call("validate", changes=dict(changes), **({"reason": reason} if reason is not None else {}))
 
-    def set(self, **changes: Any) -> Future:
-        self.validate_edits(changes)  # refused here, at once, like the local Session's set()
-        return self._future("set", "applied", changes=changes)
+    def set(self, reason: str | None = None, **changes: Any) -> Future:
+        """Change hyperparameters live; ``reason`` is stored with the edit (record and event)."""
+        self.validate_edits(changes, reason)  # refused here, at once, like the local Session's set()
+        why = {"reason": reason} if reason is not None else {}
+        return self._future("set", "applied", changes=changes, **why)
 
     # -- looking inside ------------------------------------------------------------------------------
 

@@ -33,7 +33,8 @@ def _parse_pairs(values: list[str]) -> dict[str, str]:
     return changes
 
 
-def _execute(session: RemoteSession, action: str, values: list[str], wait: bool, save: bool) -> Any:
+def _execute(session: RemoteSession, action: str, values: list[str], wait: bool, save: bool,
+             reason: str | None = None) -> Any:
     if action == "status":
         return session._call("status")
     if action == "pause":
@@ -47,7 +48,7 @@ def _execute(session: RemoteSession, action: str, values: list[str], wait: bool,
     if action == "eval":
         return {"metrics": session.evaluate().result()}
     if action == "set":
-        return {"applied": session.set(**_parse_pairs(values)).result()}
+        return {"applied": session.set(reason=reason, **_parse_pairs(values)).result()}
     if action == "checkpoints":
         return [row.to_dict() for row in session.checkpoints]
     raise ValueError(f"unknown command {action!r}; use one of: {', '.join(CTL_COMMANDS)}")
@@ -77,10 +78,13 @@ def _print(action: str, result: Any) -> None:
 
 
 def run_ctl(target: str, action: str, values: list[str], as_json: bool = False, wait: bool = False,
-            save: bool = True, token: str | None = None) -> int:
-    """Send one command to the run at ``target``; returns the exit code."""
+            save: bool = True, token: str | None = None, reason: str | None = None) -> int:
+    """Send one command to the run at ``target``; returns the exit code. ``reason``: set's why."""
     if action not in CTL_COMMANDS:
         print(f"workbench: ctl: unknown command {action!r}; use one of: {', '.join(CTL_COMMANDS)}", file=sys.stderr)
+        return EXIT_USAGE
+    if reason is not None and action != "set":
+        print(f"workbench: ctl {action}: --reason goes with set only", file=sys.stderr)
         return EXIT_USAGE
     if values and action != "set":
         print(f"workbench: ctl {action}: takes no arguments (got {' '.join(values)})", file=sys.stderr)
@@ -94,7 +98,7 @@ def run_ctl(target: str, action: str, values: list[str], as_json: bool = False, 
         print(f"workbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        result = _execute(session, action, values, wait, save)
+        result = _execute(session, action, values, wait, save, reason)
     except (NoLiveRun, OSError) as exc:
         print(f"workbench: {exc}", file=sys.stderr)
         return EXIT_NO_RUN

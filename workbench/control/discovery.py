@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["CONTROL_FILE", "SUN_PATH_MAX", "NoLiveRun", "runtime_dir", "socket_path", "write_control",
-           "read_control", "remove_control", "stale_reason", "pid_alive"]
+           "read_control", "remove_control", "stale_reason", "pid_alive", "check_socket_owner"]
 
 CONTROL_FILE = "control.json"
 SUN_PATH_MAX = 107  # bytes usable in sockaddr_un.sun_path on Linux (108 with the NUL)
@@ -54,6 +54,21 @@ def socket_path(name: str) -> Path:
         raise ValueError(f"control socket path {path} is longer than {SUN_PATH_MAX} bytes; set XDG_RUNTIME_DIR "
                          "to a shorter folder or use --control-port")
     return path
+
+
+def check_socket_owner(path: str | os.PathLike) -> None:
+    """Refuse a Unix socket another user owns (PermissionError, one line).
+
+    control.json sits in an output_dir that others may write to (a shared project folder):
+    a socket planted there by someone else would receive this user's commands and could
+    answer them with anything. The run's own socket is always its owner's (runtime_dir)."""
+    try:
+        owner = os.lstat(path).st_uid
+    except FileNotFoundError:
+        return  # nothing to connect to: the connection attempt says so
+    if owner != os.getuid():
+        raise PermissionError(f"control socket {path} is owned by uid {owner}, not by this user (uid "
+                              f"{os.getuid()}); refusing to connect")
 
 
 def write_control(output_dir: str | os.PathLike, info: dict[str, Any]) -> Path:

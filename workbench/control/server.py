@@ -166,13 +166,58 @@ class ControlServer:
 
     # -- one connection ---------------------------------------------------------------------
 
+    def _doorbell(self) -> tuple[socket.socket, Callable[[], None]] | None:
+        """A socket that becomes readable when the Session emits an event, and its closer.
+
+        The Session's subscriber queue is watched by one small thread that rings the bell
+        (one byte on a socketpair), so a subscribed connection wakes at once instead of
+        every POLL_S: command-to-event latency is the network's, not the poll's. None when
+        the session offers no subscribe() (the POLL_S loop then still delivers)."""
+        subscribe = getattr(self.session, "subscribe", None)
+        unsubscribe = getattr(self.session, "unsubscribe", None)
+        if subscribe is None or unsubscribe is None:
+            return None
+        bell, ringer = socket.socketpair()
+        ringer.setblocking(False)
+        events = subscribe(1000)
+
+        def ring() -> None:
+            while events.get() is not None:  # None: the connection closed
+                try:
+                    ringer.send(b"!")
+                except BlockingIOError:
+                    pass  # already rung and not yet read: one ring is enough
+                except OSError:
+                    return
+
+        def close() -> None:
+            unsubscribe(events)  # nothing more arrives: make room, then tell the ringer to end
+            while not events.empty():
+                try:
+                    events.get_nowait()
+                except Exception:  # noqa: BLE001 - emptied meanwhile by the ringer
+                    break
+            events.put(None)
+            bell.close()
+            ringer.close()
+
+        threading.Thread(target=ring, name="workbench-control-bell", daemon=True).start()
+        return bell, close
+
     def _serve(self, conn: socket.socket) -> None:
         conn.settimeout(SEND_TIMEOUT)
         state = {"authed": self.token is None, "subscribed": False, "cursor": 0}
         buffer = bytearray()
+        doorbell = None
         try:
             while not self._closing.is_set():
-                readable, _, _ = select.select([conn], [], [], POLL_S)
+                if state["subscribed"] and doorbell is None:
+                    doorbell = self._doorbell()
+                watched = [conn] if doorbell is None else [conn, doorbell[0]]
+                ready, _, _ = select.select(watched, [], [], POLL_S)
+                if doorbell is not None and doorbell[0] in ready:
+                    doorbell[0].recv(4096)  # the rings themselves carry nothing
+                readable = conn in ready
                 if readable:
                     chunk = conn.recv(65536)
                     if not chunk:
@@ -193,6 +238,8 @@ class ControlServer:
         except (OSError, ValueError):
             pass  # a dead or stalled client: only its connection ends
         finally:
+            if doorbell is not None:
+                doorbell[1]()
             conn.close()
 
     def _answer(self, conn: socket.socket, line: bytes, state: dict) -> None:
@@ -327,12 +374,20 @@ class ControlServer:
             raise ValueError("set: expected changes as an object, e.g. {\"learning_rate\": 1e-4}")
         return changes
 
+    @staticmethod
+    def _reason(args: dict) -> dict:
+        """``{"reason": text}`` when the client gave one (a SessionLike without reasons still works)."""
+        reason = args.get("reason")
+        if reason is not None and not isinstance(reason, str):
+            raise ValueError(f"reason: expected text, got {type(reason).__name__}")
+        return {"reason": reason} if reason else {}
+
     def _validate(self, args: dict) -> dict:
-        return self.session.validate_edits(self._changes(args))
+        return self.session.validate_edits(self._changes(args), **self._reason(args))
 
     def _set(self, args: dict) -> dict:
-        changes = self._changes(args)
-        done, applied = self._await(self._call(lambda: self.session.set(**changes)), args, "set")
+        changes, why = self._changes(args), self._reason(args)
+        done, applied = self._await(self._call(lambda: self.session.set(**why, **changes)), args, "set")
         return {"applied": applied} if done else {"queued": True}
 
     def _sample(self, args: dict) -> str:

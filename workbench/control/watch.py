@@ -49,10 +49,10 @@ class _Refusing:
     def evaluate(self) -> Future | dict[str, float]:
         return self._refuse("evaluate")
 
-    def validate_edits(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+    def validate_edits(self, changes: Mapping[str, Any], reason: str | None = None) -> dict[str, Any]:
         return self._refuse("set")
 
-    def set(self, **changes: Any) -> Any:
+    def set(self, reason: str | None = None, **changes: Any) -> Any:
         return self._refuse("set")
 
     def inspect(self) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from workbench.train.callbacks import TrainerCallback
+from workbench.train.edits import edit_changes
 
 if TYPE_CHECKING:
     from workbench.train.trainer import Trainer
@@ -180,7 +181,7 @@ class RankSync(TrainerCallback):
                     except Exception as exc:  # noqa: BLE001 - refused edits go back to the caller
                         future.set_exception(exc)
                         continue
-                    future.set_result({k: v for k, v in record.items() if k not in ("step", "time")})
+                    future.set_result(edit_changes(record))
                     records.append(record)
                 self._sent_edits, self._sent_records = [], []
             payload = [records]
@@ -208,9 +209,8 @@ class RankSync(TrainerCallback):
 
         state = self.trainer.state
         for record in records:
-            for key, value in record.items():
-                if key not in ("step", "time"):
-                    apply_edit(self.trainer, key, value)
+            for key, value in edit_changes(record).items():  # not its step, time or reason
+                apply_edit(self.trainer, key, value)
             state.live_edits.append(dict(record))
 
     def step_end(self, control) -> None:

@@ -28,7 +28,8 @@ from workbench.train.callbacks import TrainerCallback
 from workbench.session.events import EventHub
 from workbench.session.rank_pause import hold_ranks_paused
 from workbench.session.state import ENDED, CheckpointRow, MemoryUsage, SeriesStore, SessionEvent, Snapshot, Status
-from workbench.train.edits import apply_edit, evaluate_between_steps, save_between_steps, validate_edits
+from workbench.train.edits import (
+    apply_edit, check_reason, edit_changes, evaluate_between_steps, save_between_steps, validate_edits)
 from workbench.train.rng import rng_preserved
 from workbench.train.trainer_utils import unwrap_model
 
@@ -55,6 +56,7 @@ class _Command:
     kind: str  # "save" | "evaluate" | "set"
     future: Future = field(default_factory=Future, compare=False)
     changes: dict[str, Any] = field(default_factory=dict)
+    reason: str | None = None  # set: why (kept with the edit's record and event)
 
 
 class SessionCallback(TrainerCallback):
@@ -356,34 +358,38 @@ class Session:
                 return command.future
         return future.result()
 
-    def validate_edits(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+    def validate_edits(self, changes: Mapping[str, Any], reason: str | None = None) -> dict[str, Any]:
         """The check ``set()`` makes, without applying anything: each value (numbers, or text
         as typed into a form) parsed and checked by the one rule per key
         (workbench.train.edits), the learning rate set or scaled but not both, max_steps not
         below the current step. Returns the parsed edits; raises ValueError with one line.
 
-        Front-ends call it to refuse a typo while their form is still open."""
+        Front-ends call it to refuse a typo while their form is still open. ``reason``, when
+        given, is checked too (text, at most MAX_REASON characters)."""
+        check_reason(reason)
         return validate_edits(changes, self.trainer.state.global_step)
 
-    def set(self, **changes: Any) -> Future | dict[str, Any]:
+    def set(self, reason: str | None = None, **changes: Any) -> Future | dict[str, Any]:
         """Change hyperparameters live: learning_rate, lr_scale, max_steps, num_train_epochs,
         logging_steps, eval_steps, save_steps. Applied at once when paused, else at the next
         step end (a Future). Invalid names or values raise ValueError here, before queuing
-        (see validate_edits)."""
-        changes = self.validate_edits(changes)
+        (see validate_edits). ``reason`` (one line) says why: it is stored in the live-edit
+        record and the ``edit`` event, so an agent's decisions can be audited later."""
+        changes = self.validate_edits(changes, reason)
+        reason = check_reason(reason)
         self._require_main("set")
         with self._lock:
             if self._sync is not None and self._status == Status.IDLE:
                 raise RuntimeError("set: with several processes, edit a run once it has started "
                                    "(or change the config)")
             if self._status in (Status.PAUSED, Status.IDLE):
-                applied = self._apply_edits(changes)
+                applied = self._apply_edits(changes, reason)
                 if self._sync is not None:  # the other ranks apply it at the next heartbeat
                     self._sync.publish_record(self.trainer.state.live_edits[-1])
                 return applied
             if self._status in ENDED:
                 raise RuntimeError(f"cannot edit: the session is {self._status}")
-            command = _Command("set", changes=dict(changes))
+            command = _Command("set", changes=dict(changes), reason=reason)
             self._commands.put(command)
             return command.future
 
@@ -661,10 +667,12 @@ class Session:
                 break
             if command.kind == "set":
                 if self._sync is not None:  # every rank applies it at the next agreement
-                    _chain(self._sync.propose_edit(command.changes), command.future)
+                    # The reason rides along with the changes; _apply_edit_record takes it off.
+                    proposal = {**command.changes, **({"reason": command.reason} if command.reason else {})}
+                    _chain(self._sync.propose_edit(proposal), command.future)
                     continue
                 try:
-                    command.future.set_result(self._apply_edits(command.changes))
+                    command.future.set_result(self._apply_edits(command.changes, command.reason))
                 except Exception as exc:  # noqa: BLE001 - reported to the caller
                     command.future.set_exception(exc)
             elif command.kind == "save":
@@ -763,24 +771,27 @@ class Session:
 
     def _apply_edit_record(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Apply an edit the ranks agreed on; its live-edit record goes to the other ranks."""
-        self._apply_edits(changes)
+        changes = dict(changes)
+        reason = changes.pop("reason", None)
+        self._apply_edits(changes, reason)
         return dict(self.trainer.state.live_edits[-1])
 
-    def _apply_edits(self, changes: dict[str, Any]) -> dict[str, Any]:
+    def _apply_edits(self, changes: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
         trainer = self.trainer
         applied = {}
         # The edits that can still be refused (they depend on the current step) go first, so a
         # refused set() changes nothing.
         for key, value in sorted(changes.items(), key=lambda kv: kv[0] not in ("max_steps", "num_train_epochs")):
             applied[key] = apply_edit(trainer, key, value)
-        record = {"step": trainer.state.global_step, "time": time.time(), **applied}
+        why = {"reason": reason} if reason else {}  # no empty "reason" keys in old-style records
+        record = {"step": trainer.state.global_step, "time": time.time(), **applied, **why}
         trainer.state.live_edits.append(record)
         self._edits.append(record)
         from workbench.train.tracking import EventLog
 
         if trainer.is_world_process_zero():
-            EventLog(trainer.args.output_dir).write("edit", trainer.state.global_step, **applied)
-        self._emit("edited", **applied)
+            EventLog(trainer.args.output_dir).write("edit", trainer.state.global_step, **applied, **why)
+        self._emit("edited", **applied, **why)
         self._publish()
         return applied
 

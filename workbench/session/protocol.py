@@ -89,12 +89,13 @@ class SessionLike(Protocol):
         """Evaluate: the metrics when paused or ended, else a Future of them."""
         ...
 
-    def validate_edits(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+    def validate_edits(self, changes: Mapping[str, Any], reason: str | None = None) -> dict[str, Any]:
         """Check live edits (numbers, or text as typed) by the one rule set() applies; returns them parsed."""
         ...
 
-    def set(self, **changes: Any) -> Future[Any] | dict[str, Any]:
-        """Change hyperparameters live (checked as validate_edits checks them)."""
+    def set(self, reason: str | None = None, **changes: Any) -> Future[Any] | dict[str, Any]:
+        """Change hyperparameters live (checked as validate_edits checks them); ``reason``
+        (one line, optional) is stored with the edit's record and ``edit`` event."""
         ...
 
     # -- looking inside (plain data only) ------------------------------------------------------

@@ -17,7 +17,7 @@ from workbench.train.rng import rng_preserved
 if TYPE_CHECKING:
     from workbench.train.trainer import Trainer
 
-__all__ = ["EDITABLE", "learning_rate_problem", "check_learning_rate", "parse_edit", "validate_edits",
+__all__ = ["EDITABLE", "RECORD_FIELDS", "MAX_REASON", "check_reason", "edit_changes", "learning_rate_problem", "check_learning_rate", "parse_edit", "validate_edits",
            "apply_edit", "replay_edits", "save_between_steps", "evaluate_between_steps"]
 
 
@@ -67,6 +67,33 @@ EDITABLE: dict[str, Callable[[Any], None]] = {
 }
 # The type a value typed as text is read as (a form field, a remote command).
 _WHOLE = ("max_steps", "logging_steps", "eval_steps", "save_steps")
+
+
+# The keys of a live-edit record that are not edits: when and why it was made.
+RECORD_FIELDS = ("step", "time", "reason")
+MAX_REASON = 1000  # characters: a reason is a sentence for the record, not a log
+
+
+def check_reason(reason: Any) -> str | None:
+    """A decision's reason as stored with its edit (one line, stripped), or None for none.
+
+    Agents steering a run say why (``set(lr_scale=0.5, reason="eval loss flat for 3
+    evaluations")``); the reason is kept in the live-edit record and the ``edit`` event, so
+    a run's history reads as decisions, not just numbers. ValueError with one line when it
+    is not text or too long."""
+    if reason is None:
+        return None
+    if not isinstance(reason, str):
+        raise ValueError(f"reason: expected text, got {type(reason).__name__}")
+    text = " ".join(reason.split())  # one line: events.jsonl and the dashboard show it as one
+    if len(text) > MAX_REASON:
+        raise ValueError(f"reason: {len(text)} characters is over the {MAX_REASON}-character limit")
+    return text or None
+
+
+def edit_changes(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The edits of a live-edit record, without its step, time and reason."""
+    return {k: v for k, v in record.items() if k not in RECORD_FIELDS}
 
 
 def parse_edit(key: str, value: Any) -> Any:
