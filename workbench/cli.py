@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 from workbench.exit_codes import (  # noqa: F401 - re-exported for callers of the CLI
     EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO_RUN, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE, OUTCOME_CODES)
-from workbench.metric_keys import is_timing_metric
+from workbench.records import is_timing_metric
 
 __all__ = ["main"]
 

@@ -12,8 +12,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from workbench.session.state import is_timing_metric
-from workbench.train.edits import edit_changes
+from workbench.session.state import edit_changes, is_timing_metric
 from workbench.widgets.view import fmt_bytes, fmt_number
 
 __all__ = ["checkpoint_details", "config_differences", "key_metrics"]

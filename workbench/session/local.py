@@ -29,7 +29,7 @@ from workbench.session.events import EventHub
 from workbench.session.rank_pause import hold_ranks_paused
 from workbench.session.state import ENDED, CheckpointRow, MemoryUsage, SeriesStore, SessionEvent, Snapshot, Status
 from workbench.train.edits import (
-    apply_edit, check_reason, edit_changes, evaluate_between_steps, save_between_steps, validate_edits)
+    apply_edit, check_reason, evaluate_between_steps, save_between_steps, validate_edits)
 from workbench.train.rng import rng_preserved
 from workbench.train.trainer_utils import unwrap_model
 

@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from workbench.metric_keys import is_timing_metric
+from workbench.records import edit_changes, is_timing_metric
 
 __all__ = ["Status", "ENDED", "Snapshot", "SessionEvent", "CheckpointRow", "MemoryUsage", "SeriesStore",
-           "is_timing_metric"]
+           "is_timing_metric", "edit_changes"]
 
 
 class Status(enum.StrEnum):

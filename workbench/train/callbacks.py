@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from workbench.metric_keys import is_timing_metric
+from workbench.records import is_timing_metric
 
 log = logging.getLogger("workbench")
 

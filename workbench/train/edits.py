@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from workbench.records import RECORD_FIELDS, edit_changes  # noqa: F401 - part of this module's API
 from workbench.train.rng import rng_preserved
 
 if TYPE_CHECKING:
@@ -70,7 +71,6 @@ _WHOLE = ("max_steps", "logging_steps", "eval_steps", "save_steps")
 
 
 # The keys of a live-edit record that are not edits: when and why it was made.
-RECORD_FIELDS = ("step", "time", "reason")
 MAX_REASON = 1000  # characters: a reason is a sentence for the record, not a log
 
 
@@ -89,11 +89,6 @@ def check_reason(reason: Any) -> str | None:
     if len(text) > MAX_REASON:
         raise ValueError(f"reason: {len(text)} characters is over the {MAX_REASON}-character limit")
     return text or None
-
-
-def edit_changes(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The edits of a live-edit record, without its step, time and reason."""
-    return {k: v for k, v in record.items() if k not in RECORD_FIELDS}
 
 
 def parse_edit(key: str, value: Any) -> Any:

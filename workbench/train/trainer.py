@@ -49,7 +49,7 @@ from workbench.data.samplers import (
 from workbench.checkpoint.lock import hold_output_dir
 from workbench.train.accelerator_setup import check_sharding, make_accelerator
 from workbench.distributed.signals import JITCheckpointCallback, StopRequest, install_stop_handlers
-from workbench.metric_keys import is_timing_metric
+from workbench.records import is_timing_metric
 from workbench.train.trainer_utils import (
     EvalLoopOutput,
     PredictionOutput,
