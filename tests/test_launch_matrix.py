@@ -406,3 +406,16 @@ def test_readme_lists_the_launch_forms():
                  "--num_machines 2 --machine_rank"):
         assert form in readme, form
 
+
+
+def test_trainers_in_one_process_share_the_lock_and_the_last_releases_it(tmp_path):
+    from workbench.checkpoint.lock import OutputDirBusy, OutputDirLock, hold_output_dir
+
+    out = tmp_path / "shared"
+    with hold_output_dir(out):
+        with hold_output_dir(out):  # a notebook cell run again while its Session trains
+            pass
+        assert (out / ".lock").exists()  # the first holder still has it
+        with pytest.raises(OutputDirBusy):  # another process (an independent lock) is kept out
+            OutputDirLock(out).acquire()
+    assert not (out / ".lock").exists()

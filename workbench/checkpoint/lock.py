@@ -19,6 +19,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +33,8 @@ LOCK_NAME = ".lock"
 OWNER_ENV = "WORKBENCH_LOCK_OWNER"
 
 _HELD: dict[str, "OutputDirLock"] = {}  # re-entrant locks of this process, by folder
+_SHARED: dict[str, int] = {}  # holders in this process of a lock hold_output_dir took
+_SHARING = threading.Lock()  # Sessions train in threads
 
 
 class OutputDirBusy(RuntimeError):
@@ -162,18 +165,32 @@ class OutputDirLock:
 
 @contextmanager
 def hold_output_dir(output_dir: str | os.PathLike) -> Iterator[None]:
-    """Hold the output_dir's lock for a block, unless this process already holds it re-entrantly."""
+    """Hold the output_dir's lock for a block (a Trainer's train()).
+
+    The lock keeps other processes out. Within this process it is shared: the CLI's lock
+    covers the Trainer it runs, and a second Trainer here (a notebook cell run again while
+    its Session trains) shares it too, as it did before locks existed; it is released
+    when the last holder here is done.
+    """
     root = Path(output_dir)
-    if str(root.resolve()) in _HELD:
-        yield
-        return
-    root.mkdir(parents=True, exist_ok=True)
-    lock = OutputDirLock(root)
-    lock.acquire()
+    key = str(root.resolve())
+    with _SHARING:
+        cli_held = key in _HELD and key not in _SHARED  # the CLI's lock: it releases it
+        if not cli_held:
+            if key not in _HELD:
+                root.mkdir(parents=True, exist_ok=True)
+                OutputDirLock(root, reentrant=True).acquire()
+                _SHARED[key] = 0
+            _SHARED[key] += 1
     try:
         yield
     finally:
-        lock.release()
+        if not cli_held:
+            with _SHARING:
+                _SHARED[key] -= 1
+                if _SHARED[key] == 0:  # the last holder here releases it
+                    del _SHARED[key]
+                    _HELD[key].release()
 
 
 def check_writable(path: str | os.PathLike) -> None:
