@@ -174,6 +174,9 @@ def test_s_saves_a_checkpoint_that_appears_in_the_catalog(tmp_path):
         assert session.checkpoints == []
         await press(pilot, "s")  # while running: saved at the next step end
         await wait_for(pilot, lambda: len(session.checkpoints) == 1, "the first save")
+        # Pause past the first checkpoint's step, or the paused save re-saves that step.
+        first = session.checkpoints[0].step
+        await wait_for(pilot, lambda: session.snapshot().step > first, "a step past the first save")
         await press(pilot, "space")
         await wait_for(pilot, lambda: session.status == "paused", "the pause")
         await press(pilot, "s")  # while paused: saved at once, in a worker thread
