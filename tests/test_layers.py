@@ -1,8 +1,7 @@
 """The import graph is a DAG with layers: engine <- core <- session <- front-ends and CLI.
 
 Read from every module's source with ``ast`` (nothing is imported), so the contract covers
-lazy imports inside functions too; only ``if TYPE_CHECKING:`` blocks are left out (they
-never run). Rules (DESIGN.md section 1):
+lazy imports inside functions and annotation-only imports (``if TYPE_CHECKING:``) too. Rules (DESIGN.md section 1):
 
 - no cycles, lazy imports included;
 - no module-level import of a higher layer (a lazy convenience such as ``Session.panel()``
@@ -76,19 +75,25 @@ def imports_of(module: str, path: Path) -> list[tuple[str, bool]]:
     is_package = path.name == "__init__.py"
     out: list[tuple[str, bool]] = []
 
+    def visit_import(child: ast.AST, top: bool) -> None:
+        if isinstance(child, ast.Import):
+            out.extend((alias.name, top) for alias in child.names)
+        elif isinstance(child, ast.ImportFrom):
+            target = _resolve(module, is_package, child)
+            for alias in child.names:
+                candidate = f"{target}.{alias.name}"
+                out.append((candidate if candidate in MODULES else target, top))
+
     def visit(node: ast.AST, top: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and _is_type_checking(child):
+                # Annotation-only imports count for cycles too, but never as module-level imports.
+                for sub in child.body:
+                    visit_import(sub, False)
                 for sub in child.orelse:
                     visit(sub, top)
                 continue
-            if isinstance(child, ast.Import):
-                out.extend((alias.name, top) for alias in child.names)
-            elif isinstance(child, ast.ImportFrom):
-                target = _resolve(module, is_package, child)
-                for alias in child.names:
-                    candidate = f"{target}.{alias.name}"
-                    out.append((candidate if candidate in MODULES else target, top))
+            visit_import(child, top)
             inner_top = top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             visit(child, inner_top)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -22,10 +22,10 @@ from workbench.checkpoint.state_dicts import host_copy
 from workbench.train.rng import capture_rng, restore_rng
 from workbench.train.trainer_utils import unwrap_model
 
-if TYPE_CHECKING:
-    from workbench.train.trainer import Trainer
 
 __all__ = ["Snapshot", "SnapshotRing"]
+
+Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 
 @dataclass

@@ -10,17 +10,17 @@ either format, so checkpoints move between 1 process, DDP and FSDP runs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from workbench.train.trainer_utils import unwrap_model
 
-if TYPE_CHECKING:
-    from workbench.train.trainer import Trainer
 
 __all__ = ["host_copy", "unique_state", "capture_model_state", "capture_optimizer_state",
            "load_model_state", "load_optimizer_state", "is_fsdp"]
+
+Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 
 def is_fsdp(trainer: "Trainer") -> bool:

@@ -12,7 +12,7 @@ import logging
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -29,8 +29,6 @@ from workbench.train.callbacks import WORKBENCH_STATE_NAME
 from workbench.train.rng import capture_rng, numpy_safe_globals, restore_rng
 from workbench.train.trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_model
 
-if TYPE_CHECKING:
-    from workbench.train.trainer import Trainer
 
 log = logging.getLogger("workbench")
 
@@ -46,6 +44,8 @@ __all__ = [
     "model_saved_by_override",
     "rng_state_file",
 ]
+
+Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 
 def save_model_files(model: torch.nn.Module, directory: Path, processing_class: Any = None,

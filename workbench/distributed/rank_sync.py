@@ -32,17 +32,17 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from workbench.train.callbacks import TrainerCallback
 from workbench.train.edits import edit_changes
 
-if TYPE_CHECKING:
-    from workbench.train.trainer import Trainer
 
 __all__ = ["RankSync", "HEARTBEAT_S"]
+
+Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 # Stop reasons by priority: the highest proposal wins (a preemption outranks a UI stop).
 _REASONS = ("", "session", "ui", "SIGUSR1", "SIGINT", "SIGTERM")

@@ -9,12 +9,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from workbench.train.trainer import Trainer
 
 __all__ = ["check_branch", "branch_trainer"]
+
+Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 
 def check_branch(args: Any, step: int, output_dir: str | Path, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -6,16 +6,16 @@ run (or the end of one), never for the training hot path.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from workbench.train.trainer_utils import unwrap_model
 
-if TYPE_CHECKING:
-    from workbench.train.trainer import Trainer
 
 __all__ = ["inspect_model", "sample_text", "can_sample"]
+
+Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 
 def _optimizer_update(optimizer: Any, param: torch.nn.Parameter, lr: float) -> torch.Tensor | None:

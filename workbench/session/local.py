@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from workbench.train.callbacks import TrainerCallback
 from workbench.session.events import EventHub
@@ -33,11 +33,10 @@ from workbench.train.edits import (
 from workbench.train.rng import rng_preserved
 from workbench.train.trainer_utils import unwrap_model
 
-if TYPE_CHECKING:
-    from workbench.train.trainer import Trainer
 
 __all__ = ["Session", "Snapshot", "SessionEvent", "Status"]
 
+Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 
 def _chain(source: Future, target: Future) -> None:

@@ -9,16 +9,17 @@ part in a save or evaluation asked for while paused. The rank agreement's heartb
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from workbench.distributed.rank_sync import HEARTBEAT_S
 from workbench.session.state import Status
 
 if TYPE_CHECKING:
     from workbench.distributed.rank_sync import RankSync
-    from workbench.session.local import Session
 
 __all__ = ["hold_ranks_paused"]
+
+Session = Any  # annotations only: Session imports this module (directly or not), so it is not imported back
 
 
 def hold_ranks_paused(session: "Session", sync: "RankSync") -> None:

@@ -12,9 +12,10 @@ from workbench.train.args import TrainingArguments
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-    from workbench.train.trainer import Trainer
 
 __all__ = ["make_accelerator", "check_sharding"]
+
+Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 
 def make_accelerator(args: TrainingArguments) -> "Accelerator":

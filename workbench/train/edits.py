@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from workbench.records import RECORD_FIELDS, edit_changes  # noqa: F401 - part of this module's API
 from workbench.train.rng import rng_preserved
 
-if TYPE_CHECKING:
-    from workbench.train.trainer import Trainer
 
 __all__ = ["EDITABLE", "RECORD_FIELDS", "MAX_REASON", "check_reason", "edit_changes", "learning_rate_problem", "check_learning_rate", "parse_edit", "validate_edits",
            "apply_edit", "replay_edits", "save_between_steps", "evaluate_between_steps"]
+
+Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 
 def learning_rate_problem(value: Any) -> str | None:

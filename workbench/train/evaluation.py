@@ -13,17 +13,17 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from workbench.train.trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, has_length, speed_metrics, unwrap_model
 
-if TYPE_CHECKING:
-    from workbench.train.trainer import Trainer
 
 __all__ = ["evaluate", "predict", "evaluation_loop", "concat_batches", "pad_and_concat", "nested_to_cpu"]
+
+Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 PAD_INDEX = -100
 

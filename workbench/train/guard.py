@@ -27,16 +27,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from workbench.train.args import ArgumentError
 
-if TYPE_CHECKING:
-    from workbench.train.trainer import Trainer
 
 __all__ = ["Guard", "GuardMonitor", "NONFINITE_ACTIONS", "SPIKE_ACTIONS", "GUARD_FIELDS"]
+
+Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 NONFINITE_ACTIONS = ("off", "skip", "rollback", "pause", "stop")
 SPIKE_ACTIONS = ("off", "skip", "rollback", "pause")

@@ -11,7 +11,7 @@ import contextlib
 import math
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -20,10 +20,10 @@ from workbench.checkpoint.lock import check_writable
 from workbench.data.samplers import start_loader_epoch
 from workbench.train.trainer_utils import TrainOutput, has_length, speed_metrics, unwrap_model
 
-if TYPE_CHECKING:
-    from workbench.train.trainer import Trainer
 
 __all__ = ["TrainingLoop"]
+
+Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 
 class TrainingLoop:

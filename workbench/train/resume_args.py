@@ -30,16 +30,16 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from workbench.train.edits import EDITABLE, apply_edit
 
-if TYPE_CHECKING:
-    from workbench.train.trainer import Trainer
 
 log = logging.getLogger("workbench")
 
 __all__ = ["COMPARED", "checkpoint_arguments", "apply_changed_arguments", "replace_arguments"]
+
+Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 # The arguments a resume compares, in the order their warnings are printed.
 COMPARED: tuple[str, ...] = (

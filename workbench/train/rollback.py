@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from workbench.checkpoint.snapshots import SnapshotRing
     from workbench.train.guard import GuardMonitor
-    from workbench.train.trainer import Trainer
 
 log = logging.getLogger("workbench")
 
 __all__ = ["roll_back", "advance"]
+
+Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 
 def advance(position: tuple[int, int], count: int, batches_per_epoch: int | None) -> tuple[int, int]:
