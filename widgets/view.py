@@ -244,7 +244,7 @@ class MemoryRow:
 
 
 def memory_rows(report: Any) -> list[MemoryRow]:
-    """Bars for a ``workbench.train.memory.MemoryReport``.
+    """Bars for a ``MemoryUsage`` (workbench.session.state).
 
     The model's own tensors (parameters, gradients, optimizer state) are drawn against
     their sum, so their proportions show; device and host use are drawn against their

@@ -171,7 +171,7 @@ class MemoryPanel(Widget):
         self._rows: list[MemoryRow] = []
 
     def show(self, report: Any, frozen: bool = False) -> None:
-        """Show ``report`` (a MemoryReport); ``frozen`` hides process-dependent host figures (tests)."""
+        """Show ``report`` (a MemoryUsage); ``frozen`` hides process-dependent host figures (tests)."""
         rows = memory_rows(report)
         if frozen:
             rows = [r for r in rows if r.label != "host"]

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["LOCK_NAME", "OWNER_ENV", "OutputDirBusy", "OutputDirLock", "hold_output_dir", "check_writable"]
+__all__ = ["LOCK_NAME", "OWNER_ENV", "OutputDirBusy", "OutputDirLock", "hold_output_dir", "check_writable", "pid_alive"]
 
 log = logging.getLogger("workbench")
 
@@ -57,8 +57,9 @@ def _read(fd: int) -> dict:
         return {}
 
 
-def _pid_alive(pid: object) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
+def pid_alive(pid: object) -> bool:
+    """Whether a process with this pid exists on this host (one another user owns counts)."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
         return False
     try:
         os.kill(pid, 0)
@@ -121,7 +122,7 @@ class OutputDirLock:
     def _acquire_without_flock(self, fd: int) -> str | None:
         # A filesystem without locks: the pid decides, where it can be checked (same host).
         holder = _read(fd)
-        if holder and holder.get("host") == socket.gethostname() and _pid_alive(holder.get("pid")) \
+        if holder and holder.get("host") == socket.gethostname() and pid_alive(holder.get("pid")) \
                 and holder.get("pid") != os.getpid():
             os.close(fd)
             raise OutputDirBusy(f"{self.root} is in use by another run ({_holder_text(holder)}); wait for it to "

@@ -17,11 +17,12 @@ import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 
+from workbench.records import CheckpointRow
 from workbench.train.callbacks import WORKBENCH_STATE_NAME
 from workbench.train.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("workbench")
 
-__all__ = ["CheckpointInfo", "CheckpointStore", "MANIFEST", "SENTINEL", "WEIGHTS", "WEIGHTS_INDEX"]
+__all__ = ["CheckpointStore", "MANIFEST", "SENTINEL", "WEIGHTS", "WEIGHTS_INDEX"]
 
 MANIFEST = "manifest.json"
 SENTINEL = "checkpoint-is-incomplete.txt"
@@ -53,30 +54,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-@dataclass
-class CheckpointInfo:
-    """One catalog row. ``complete`` means a manifest exists; ``verified`` that it was checked."""
-
-    name: str
-    path: str
-    step: int
-    epoch: float | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    size: int = 0
-    created: float | None = None
-    complete: bool = False
-    verified: bool | None = None
-    best: bool = False
-    protected: bool = False  # rotation never deletes it (the best, and the newest complete)
-    problem: str | None = None
-    edits: list[dict[str, Any]] = field(default_factory=list)  # live edits up to this checkpoint
-    foreign: bool = False  # no manifest, but laid out as transformers' Trainer writes checkpoints
-
-    def to_dict(self) -> dict[str, Any]:
-        """The row as a JSON-friendly dict."""
-        return asdict(self)
 
 
 class CheckpointStore:
@@ -199,7 +176,7 @@ class CheckpointStore:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def list(self) -> list[CheckpointInfo]:
+    def list(self) -> list[CheckpointRow]:
         """The catalog, oldest first. Cheap: reads small JSON files, hashes nothing."""
         if not self.root.is_dir():
             return []
@@ -209,45 +186,48 @@ class CheckpointStore:
             match = _NAME.match(path.name)
             if not match or not path.is_dir():
                 continue
-            info = CheckpointInfo(name=path.name, path=str(path), step=int(match.group(1)))
-            manifest = path / MANIFEST
-            info.complete = manifest.is_file()
-            try:
-                if info.complete:
-                    data = json.loads(manifest.read_text(encoding="utf-8"))
-                    info.created = data.get("created")
-                    info.size = sum(f["size"] for f in data["files"].values())
-                else:
-                    info.size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-                state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
-                extras = path / WORKBENCH_STATE_NAME
-                if extras.is_file():
-                    state.update(json.loads(extras.read_text(encoding="utf-8")))
-                info.edits = list(state.get("live_edits") or [])
-                # HF writes no manifest, no sentinel and no workbench_state.json.
-                info.foreign = (not info.complete and not (path / SENTINEL).exists()
-                                and not (path / WORKBENCH_STATE_NAME).exists() and _looks_like_hf(path))
-                info.epoch = state.get("epoch")
-                if state.get("best_model_checkpoint"):
-                    best_by_step[info.step] = state["best_model_checkpoint"]
-                for entry in state.get("log_history", []):
-                    if entry.get("step") == info.step:
-                        info.metrics.update({k: v for k, v in entry.items()
-                                             if k.startswith("eval_") and isinstance(v, (int, float))})
-            except (OSError, ValueError, KeyError) as exc:
-                info.problem = f"unreadable: {exc}"
-                info.complete = False
-            rows.append(info)
+            row, best = self._read_row(path, int(match.group(1)))
+            if best:
+                best_by_step[row.step] = best
+            rows.append(row)
         rows.sort(key=lambda r: r.step)
         # The newest checkpoint's trainer_state knows the best one (older ones knew less).
-        best_path = best_by_step[max(best_by_step)] if best_by_step else None
-        if best_path:
-            for row in rows:
-                row.best = Path(row.path).name == Path(best_path).name
-        complete = [r for r in rows if r.complete]
-        for row in rows:
-            row.protected = row.best or (bool(complete) and row is complete[-1])
-        return rows
+        best_name = Path(best_by_step[max(best_by_step)]).name if best_by_step else None
+        newest_complete = max((r.step for r in rows if r.complete), default=None)
+        return [replace(row, best=row.name == best_name,
+                        protected=row.name == best_name or row.step == newest_complete) for row in rows]
+
+    def _read_row(self, path: Path, step: int) -> tuple[CheckpointRow, str | None]:
+        """One checkpoint's catalog row, and the best checkpoint its trainer_state names."""
+        info: dict[str, Any] = {"name": path.name, "path": str(path), "step": step, "metrics": {}}
+        manifest = path / MANIFEST
+        info["complete"] = manifest.is_file()
+        best = None
+        try:
+            if info["complete"]:
+                data = json.loads(manifest.read_text(encoding="utf-8"))
+                info["created"] = data.get("created")
+                info["size"] = sum(f["size"] for f in data["files"].values())
+            else:
+                info["size"] = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+            state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+            extras = path / WORKBENCH_STATE_NAME
+            if extras.is_file():
+                state.update(json.loads(extras.read_text(encoding="utf-8")))
+            info["edits"] = list(state.get("live_edits") or [])
+            # HF writes no manifest, no sentinel and no workbench_state.json.
+            info["foreign"] = (not info["complete"] and not (path / SENTINEL).exists()
+                               and not extras.exists() and _looks_like_hf(path))
+            info["epoch"] = state.get("epoch")
+            best = state.get("best_model_checkpoint") or None
+            for entry in state.get("log_history", []):
+                if entry.get("step") == step:
+                    info["metrics"].update({k: v for k, v in entry.items()
+                                            if k.startswith("eval_") and isinstance(v, (int, float))})
+        except (OSError, ValueError, KeyError) as exc:
+            info["problem"] = f"unreadable: {exc}"
+            info["complete"] = False
+        return CheckpointRow(**info), best
 
     def verify(self, path: str | os.PathLike, hashes: bool = True) -> tuple[bool, str | None]:
         """Check every file against the manifest: sizes, and sha256 unless ``hashes`` is False
@@ -324,7 +304,7 @@ class CheckpointStore:
                 return False, f"{name} does not load with weights_only=True ({str(exc).splitlines()[0]})"
         return True, None
 
-    def latest_verified(self) -> CheckpointInfo | None:
+    def latest_verified(self) -> CheckpointRow | None:
         """The newest checkpoint whose manifest verifies; skipped ones are logged by name."""
         for info in reversed(self.list()):
             if info.foreign:  # unsealed: taken only when nothing sealed exists (resolve_resume)
@@ -333,8 +313,7 @@ class CheckpointStore:
                 continue
             ok, why = self.verify(info.path) if info.complete else (False, info.problem or "incomplete")
             if ok:
-                info.verified = True
-                return info
+                return replace(info, verified=True)
             log.warning("skipping %s: %s", info.name, why)
         return None
 

@@ -22,6 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from workbench.checkpoint.lock import pid_alive
+
 __all__ = ["CONTROL_FILE", "SUN_PATH_MAX", "NoLiveRun", "runtime_dir", "socket_path", "write_control",
            "read_control", "remove_control", "stale_reason", "pid_alive", "check_socket_owner"]
 
@@ -115,19 +117,6 @@ def remove_control(output_dir: str | os.PathLike, pid: int | None = None) -> Non
         return
     if pid is None or info.get("pid") == pid:
         path.unlink(missing_ok=True)
-
-
-def pid_alive(pid: object) -> bool:
-    """Whether a process with this pid exists on this host."""
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def stale_reason(info: dict[str, Any]) -> str | None:

@@ -469,7 +469,7 @@ class Session:
         if not info.complete:
             raise ValueError(f"{what}: {info.name} is incomplete ({info.problem or 'no manifest'}); "
                              "pick a complete checkpoint")
-        return CheckpointRow.from_dict(info.to_dict())
+        return info
 
     def _require_not_running(self, what: str) -> None:
         if self._sync is not None:
@@ -506,7 +506,7 @@ class Session:
         """The checkpoint catalog of this run's output_dir, oldest first (same rows as the dashboard)."""
         from workbench.checkpoint.store import CheckpointStore
 
-        return [CheckpointRow.from_dict(info.to_dict()) for info in CheckpointStore(self.trainer.args.output_dir).list()]
+        return CheckpointStore(self.trainer.args.output_dir).list()
 
     def delete_checkpoint(self, name: str) -> None:
         """Delete one checkpoint of this run's output_dir by name (``"checkpoint-40"``).
@@ -561,8 +561,7 @@ class Session:
         """A fresh memory reading (parameters, gradients, optimizer state, device and host)."""
         from workbench.train.memory import memory_report
 
-        report = memory_report(self.model, self.trainer.optimizer, self.trainer.accelerator.device)
-        return MemoryUsage.from_dict(report.to_dict())
+        return memory_report(self.model, self.trainer.optimizer, self.trainer.accelerator.device)
 
     # -- snapshot and events -------------------------------------------------------------------
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import collections
 import enum
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.records import edit_changes, is_timing_metric
+from workbench.records import CheckpointRow, MemoryUsage, edit_changes, is_timing_metric
 
 __all__ = ["Status", "ENDED", "Snapshot", "SessionEvent", "CheckpointRow", "MemoryUsage", "SeriesStore",
            "is_timing_metric", "edit_changes"]
@@ -54,69 +53,6 @@ class SessionEvent:
     step: int
     time: float
     data: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class CheckpointRow:
-    """One row of a run's checkpoint catalog, as plain data.
-
-    ``complete``: its manifest exists (a resume may pick it); ``verified``: its files were
-    checked against the manifest (None: not checked); ``protected``: the best or the
-    newest complete checkpoint, which rotation and deletion refuse to remove; ``problem``:
-    why it is unreadable, if it is.
-    """
-
-    name: str
-    path: str
-    step: int
-    epoch: float | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    size: int = 0
-    created: float | None = None
-    complete: bool = False
-    verified: bool | None = None
-    best: bool = False
-    protected: bool = False
-    problem: str | None = None
-    edits: list[dict[str, Any]] = field(default_factory=list)  # live edits up to this checkpoint
-    foreign: bool = False  # written by transformers' Trainer: no manifest, resumable unverified
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "CheckpointRow":
-        """A row from a mapping with these field names (extra keys are ignored, so a newer
-        store's rows still load)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
-
-    def to_dict(self) -> dict[str, Any]:
-        """The row as a JSON-friendly dict."""
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class MemoryUsage:
-    """One memory reading, in bytes: the model's own tensors (exact), the device's allocator
-    counters (None where the device keeps none, e.g. the CPU) and the host process."""
-
-    parameters: int
-    gradients: int
-    optimizer_state: int
-    device_type: str
-    device_allocated: int | None
-    device_reserved: int | None
-    device_peak: int | None
-    host_rss: int
-    host_peak: int
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "MemoryUsage":
-        """A reading from a mapping with these field names (extra keys are ignored)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
-
-    def to_dict(self) -> dict[str, Any]:
-        """The reading as a plain dict."""
-        return asdict(self)
 
 
 Point = tuple[int, float]

@@ -11,12 +11,13 @@ import os
 import resource
 import sys
 import threading
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["MemoryReport", "memory_report", "tensor_bytes", "host_rss", "StageMemoryTracker"]
+from workbench.records import MemoryUsage
+
+__all__ = ["memory_report", "tensor_bytes", "host_rss", "StageMemoryTracker"]
 
 
 def tensor_bytes(tensors: Any) -> int:
@@ -60,27 +61,8 @@ def host_rss() -> tuple[int, int]:
     return current, max(peak, current)
 
 
-@dataclass(frozen=True)
-class MemoryReport:
-    """One memory reading. Device figures are None where the device keeps no counters (CPU)."""
-
-    parameters: int
-    gradients: int
-    optimizer_state: int
-    device_type: str
-    device_allocated: int | None
-    device_reserved: int | None
-    device_peak: int | None
-    host_rss: int
-    host_peak: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """The report as a plain dict."""
-        return asdict(self)
-
-
 def memory_report(model: torch.nn.Module | None, optimizer: Any = None,
-                  device: torch.device | None = None) -> MemoryReport:
+                  device: torch.device | None = None) -> MemoryUsage:
     """Exact bytes of the model's parameters, gradients and optimizer state, plus device/host use."""
     params = list(model.parameters()) if model is not None else []
     grads = [p.grad for p in params if p.grad is not None]
@@ -94,7 +76,7 @@ def memory_report(model: torch.nn.Module | None, optimizer: Any = None,
         allocated = torch.mps.current_allocated_memory()
         reserved = torch.mps.driver_allocated_memory()
     rss, rss_peak = host_rss()
-    return MemoryReport(
+    return MemoryUsage(
         parameters=tensor_bytes(params),
         gradients=tensor_bytes(grads),
         optimizer_state=tensor_bytes(_optimizer_tensors(optimizer)),
