@@ -377,10 +377,13 @@ def test_ctl_steers_a_headless_run(tmp_path):
     assert edits and edits[-1]["learning_rate"] == 1e-4
     saves = [e["checkpoint"] for e in events if e["event"] == "save"]
     assert len(saves) == 2 and saves[0] == checkpoint.name  # the ctl save, then the stop's checkpoint
-    assert events[-1]["event"] == "end" and events[-1]["status"] == "stopped"
+    end = events[-1]
+    assert end["event"] == "end" and end["status"] == "stopped"
+    assert (end["stop_reason"], end["saved"], end["exit_code"]) == ("session", True, 0)
     assert not (out / CONTROL_FILE).exists()
     gone = workbench("ctl", out, "status", cwd=tmp_path)
     assert gone.returncode == 3 and "no live run" in gone.stderr
+    assert f"the run stopped by session at step {end['step']} (checkpoint saved), exit code 0" in gone.stderr
 
 
 # -- the dashboard on a remote run ---------------------------------------------------------------------------
@@ -494,3 +497,64 @@ def test_a_subscriber_hears_an_event_at_once_not_at_the_next_poll(tmp_path, sess
         kinds.append(json.loads(conn._line(10.0))["event"]["kind"])
     assert "resumed" in kinds and time.monotonic() - sent < 2.0
     conn.close()
+
+
+# -- how a run ended, and a restarted run --------------------------------------------------------------------
+
+
+def test_a_client_hears_how_the_run_ended_and_follows_its_restart(tmp_path, sessions):
+    """The last event carries the stop reason and exit code; once the endpoint is gone the
+    client says so from events.jsonl; a --resume restart in the same output_dir (new
+    endpoint, new run) is followed, with cursors that keep counting."""
+    out = tmp_path / "run"
+    first = running(out, sessions, max_steps=100_000, save_strategy="no")
+    remote = attach(out)
+    started = remote.info["started"]
+    first.stop(save=True)
+    assert first.wait(60) == Status.STOPPED
+    wait_for(lambda: not (out / CONTROL_FILE).exists(), "the endpoint to close")
+    step = first.snapshot().step
+    last = first.events_since(0)[0][-1]  # what a client still connected hears last
+    assert last.kind == "finished" and last.data["stopped"]
+    assert (last.data["stop_reason"], last.data["saved"], last.data["exit_code"]) == ("session", True, 0)
+    events, cursor = remote.events_since(0)  # this one comes late: events.jsonl tells it
+    assert [e.kind for e in events] == ["gone"] and events[0].step == step
+    assert (events[0].data["stop_reason"], events[0].data["exit_code"]) == ("session", 0)
+    assert remote.events_since(cursor) == ([], cursor)  # said once
+    assert remote.status == Status.STOPPED and remote.stop_reason == "session"
+    assert remote.end_note() == f"the run stopped by session at step {step} (checkpoint saved), exit code 0"
+
+    from workbench import Session
+
+    trainer = make_session(out, max_steps=step + 4000, save_strategy="no", callbacks=[Slow()]).trainer
+    second = Session(trainer, resume_from_checkpoint=True)  # the newest checkpoint: the one the stop saved
+    sessions.append(second.start())
+    wait_for(lambda: (out / CONTROL_FILE).exists() and second.snapshot().step > step, "the restarted run")
+    snap = remote.snapshot()
+    assert remote.info["started"] == read_control(out)["started"] != started  # the new endpoint
+    assert snap.status in (Status.RUNNING, Status.SAVING, Status.EVALUATING) and snap.step > step
+    more, later = remote.events_since(cursor)
+    assert more[0].kind == "followed" and "following it" in more[0].data["note"]
+    assert more[1].kind == "started" and more[1].step == step  # the new run from its first event
+    assert later == cursor + len(more) - 1  # cursors count on ("followed" is the client's own)
+    assert remote.pause(wait=True, timeout=60) == Status.PAUSED  # steering reaches the new run
+    assert second.status == Status.PAUSED
+    second.stop(save=False)
+    second.wait(60)
+
+
+def test_a_run_gone_without_an_end_is_reported_as_killed(tmp_path):
+    from workbench.control.outcome import end_note, last_outcome
+    from workbench.train.tracking import EventLog
+
+    log = EventLog(tmp_path)
+    log.write("start", 0, max_steps=10)
+    log.write("end", 10, status="finished", stop_reason=None, saved=True, exit_code=0)
+    assert last_outcome(tmp_path)["exit_code"] == 0
+    assert end_note(tmp_path, 42) == "the run finished at step 10, exit code 0"
+    log.write("start", 10, max_steps=20)  # resumed, then SIGKILLed: no end after this start
+    log.write("log", 12, loss=1.0)
+    assert last_outcome(tmp_path) is None
+    assert end_note(tmp_path, 42).startswith("the run (pid 42) is gone without recording how it ended")
+    log.write("error", 12, error="ValueError: bad batch", exit_code=1)
+    assert end_note(tmp_path) == "the run failed at step 12, exit code 1"

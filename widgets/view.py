@@ -319,9 +319,15 @@ def describe_event(kind: str, step: int, data: dict[str, Any]) -> tuple[str, str
     if kind == "resume_from":
         return "info", f"resuming from {Path(str(data.get('checkpoint', ''))).name}"
     if kind == "finished":
-        return ("warn", f"step {step}: stopped") if data.get("stopped") else ("good", f"step {step}: finished")
+        code = f" (exit code {data['exit_code']})" if data.get("exit_code") is not None else ""
+        if data.get("stopped"):
+            by = f" by {data['stop_reason']}" if data.get("stop_reason") else ""
+            return "warn", f"step {step}: stopped{by}{code}"
+        return "good", f"step {step}: finished{code}"
     if kind == "failed":
         return "error", f"step {step}: failed: {data.get('error', '')}"
+    if kind in ("gone", "followed"):  # an attached run ended without a last word / was restarted
+        return ("error" if kind == "gone" else "info"), str(data.get("note", kind))
     if kind == "warning":
         return "warn", f"step {step}: {data.get('message', '')}"
     return "info", f"step {step}: {kind}"

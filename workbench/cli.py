@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from workbench.checkpoint.lock import OutputDirLock
 
 from workbench.exit_codes import (  # noqa: F401 - re-exported for callers of the CLI
-    EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO_RUN, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE, OUTCOME_CODES)
+    EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO_RUN, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE, OUTCOME_CODES, run_exit_code)
 from workbench.records import is_timing_metric
 
 __all__ = ["main"]
@@ -424,18 +424,15 @@ def _train(ns: argparse.Namespace, run, resume: object) -> int:
     say = print if main_rank else (lambda *a, **k: None)
     if reason == "SIGTERM":
         say(f"workbench: stopped by SIGTERM at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
-        return EXIT_TERMINATED
-    if reason == "SIGINT":
+    elif reason == "SIGINT":
         say(f"workbench: interrupted at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    if reason == "session":  # workbench ctl stop: as the dashboard's quit dialog (saved: 0, not: 130)
-        if request.save:
-            say(f"workbench: stopped at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
-            return EXIT_OK
+    elif reason == "session" and request.save:  # workbench ctl stop: as the quit dialog (saved: 0, not: 130)
+        say(f"workbench: stopped at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
+    elif reason == "session":
         say(f"workbench: stopped at step {step} without saving", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    say(f"workbench: finished; files in {output_dir}")
-    return EXIT_OK
+    else:
+        say(f"workbench: finished; files in {output_dir}")
+    return run_exit_code("stopped" if reason else "finished", reason, saved=request.save)
 
 
 def _run_dashboard(ns: argparse.Namespace, trainer, resume: object, output_dir: Path) -> int:
@@ -500,6 +497,9 @@ def _attach(ns: argparse.Namespace) -> int:
     if outcome == "detached":
         print(f"workbench: detached; the run goes on ({ns.target})")
         return EXIT_OK
+    note = session.end_note()
+    if note:
+        print(f"workbench: {note}")
     return OUTCOME_CODES.get(outcome, EXIT_OK)
 
 

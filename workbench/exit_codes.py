@@ -8,7 +8,7 @@ after the just-in-time checkpoint (schedulers must see "preempted", not "finishe
 from __future__ import annotations
 
 __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_NO_RUN", "EXIT_INTERRUPTED", "EXIT_TERMINATED",
-           "OUTCOME_CODES"]
+           "OUTCOME_CODES", "run_exit_code"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -29,3 +29,23 @@ OUTCOME_CODES = {
     "crashed": EXIT_FAILED,         # the dashboard itself failed; the run was stopped and saved
     "detached": EXIT_OK,            # an attached dashboard left; the run goes on elsewhere
 }
+
+
+def run_exit_code(status: str, stop_reason: str | None = None, saved: bool = True,
+                  interrupted: bool = False) -> int:
+    """The code ``workbench run`` (headless) exits with for a run that ended so: one rule for
+    the CLI and for the outcome a run reports to its clients before its endpoint closes.
+
+    ``status``: finished, stopped or failed; ``stop_reason``: who stopped it (SIGTERM,
+    SIGINT, session...); ``saved``: whether the stop saved a checkpoint; ``interrupted``: a
+    second Ctrl-C ended it without waiting for the save.
+    """
+    if interrupted:
+        return EXIT_INTERRUPTED
+    if status == "failed":
+        return EXIT_FAILED
+    if stop_reason == "SIGTERM":
+        return EXIT_TERMINATED
+    if stop_reason == "SIGINT" or (stop_reason is not None and not saved):
+        return EXIT_INTERRUPTED
+    return EXIT_OK

@@ -138,6 +138,14 @@ class RemoteSession:
         self._pool.append(first)
         self._snapshot: Snapshot = Snapshot.empty()
         self._closed = False
+        # Attached through an output_dir on this host: a restarted run there (--resume: same
+        # folder, new pid) is followed, and once the run is gone its recorded outcome is read.
+        folder = self.info.get("output_dir")
+        self.output_dir = Path(folder) if folder and "socket" in self.info and Path(folder).is_dir() else None
+        self._offset = 0  # events of the runs followed before this one: cursors keep counting
+        self._cursor = 0  # the newest cursor handed out
+        self._followed: dict[str, Any] | None = None  # a restart to announce in the events
+        self._end: dict[str, Any] | None = None  # the run's last event, or how it was found gone
 
     def __repr__(self) -> str:
         return f"RemoteSession({self.info.get('socket') or self.info.get('tcp')}, run={self.hello.get('run_name')!r})"
@@ -145,6 +153,41 @@ class RemoteSession:
     # -- plumbing ------------------------------------------------------------------------------
 
     def _call(self, cmd: str, _wait: float | None = None, **args: Any) -> Any:
+        try:
+            return self._call_once(cmd, _wait, args)
+        except PermissionError:
+            raise
+        except (OSError, ProtocolError, NoLiveRun):
+            if not self._follow_restart():
+                raise
+        return self._call_once(cmd, _wait, args)
+
+    def _follow_restart(self) -> bool:
+        """The endpoint went away: if a newer run now serves the same output_dir (a
+        ``--resume`` restart), talk to it from now on and return True."""
+        if self.output_dir is None or self._closed:
+            return False
+        try:
+            info = resolve_target(self.output_dir)
+        except (NoLiveRun, OSError):
+            return False
+        if (info.get("pid"), info.get("started")) == (self.info.get("pid"), self.info.get("started")):
+            return False
+        try:
+            first = Connection(info, None, self.timeout)
+        except (NoLiveRun, OSError, ProtocolError, RemoteError):
+            return False
+        with self._pool_lock:
+            old, self._pool = self._pool, [first]
+            self.info, self.hello = dict(info), first.hello
+            self._offset, self._snapshot, self._end = self._cursor, Snapshot.empty(), None
+            self._followed = {"pid": info.get("pid"), "note": f"a restarted run (pid {info.get('pid')}) "
+                                                              "serves this output_dir now; following it"}
+        for conn in old:
+            conn.close()
+        return True
+
+    def _call_once(self, cmd: str, _wait: float | None, args: dict[str, Any]) -> Any:
         with self._pool_lock:
             conn = self._pool.pop() if self._pool else None
         if conn is None:
@@ -200,14 +243,17 @@ class RemoteSession:
     def _ended_status(self) -> Status:
         # The endpoint is gone: the run has ended; the last snapshot says how, if it got that far.
         status = self._snapshot.status
-        return status if status in ENDED else Status.STOPPED
+        if status in ENDED:
+            return status
+        recorded = (self._end or {}).get("status")
+        return Status(recorded) if recorded in {s.value for s in ENDED} else Status.STOPPED
 
     @property
     def stop_reason(self) -> str | None:
         try:
             return self._call("status")["stop_reason"]
         except (NoLiveRun, OSError):
-            return None
+            return (self._end or {}).get("stop_reason")
 
     def snapshot(self) -> Snapshot:
         """The run's newest snapshot; the same object as last time when nothing changed."""
@@ -229,11 +275,47 @@ class RemoteSession:
         return {k: [(int(s), float(v)) for s, v in pts] for k, pts in data.items()}
 
     def events_since(self, cursor: int = 0) -> tuple[list[SessionEvent], int]:
+        """Events after ``cursor``. Cursors keep counting across a followed restart; once the
+        run is gone without a last event, one ``gone`` event says how it ended, if known."""
+        offset = self._offset
         try:
-            result = self._call("events", cursor=cursor)
+            result = self._call("events", cursor=max(0, cursor - offset))
+            if self._offset != offset:  # the call followed a restart: read the new run from its start
+                result = self._call("events", cursor=max(0, cursor - self._offset))
         except (NoLiveRun, OSError):
-            return [], cursor
-        return [event_from_dict(e) for e in result["events"]], int(result["cursor"])
+            return self._gone_events(), cursor
+        events = [event_from_dict(e) for e in result["events"]]
+        followed, self._followed = self._followed, None
+        if followed is not None:
+            events.insert(0, SessionEvent("followed", 0, time.time(), followed))
+        for event in events:
+            if event.kind in ("finished", "failed"):
+                self._end = dict(event.data)
+        self._cursor = self._offset + int(result["cursor"])
+        return events, self._cursor
+
+    def _gone_events(self) -> list[SessionEvent]:
+        if self._end is not None:
+            return []  # its last event came through, or it was already reported gone
+        from workbench.control.outcome import end_note, last_outcome
+
+        outcome = last_outcome(self.output_dir) if self.output_dir is not None else None
+        self._end = {**(outcome or {}), "note": end_note(self.output_dir, self.info.get("pid"))}
+        step = self._end.get("step", self._snapshot.step)
+        return [SessionEvent("gone", int(step), time.time(), dict(self._end))]
+
+    def end_note(self) -> str | None:
+        """One line on how the run ended (stop reason, exit code), or None while it runs."""
+        if self.status not in ENDED:
+            return None
+        if self._end is None:
+            self.events_since(self._cursor)  # the last event, or the recorded outcome
+        end = self._end or {}
+        if end.get("note"):
+            return str(end["note"])
+        from workbench.control.outcome import describe_outcome
+
+        return describe_outcome({"step": self._snapshot.step, **end})
 
     def events(self, cursor: int = 0, timeout: float | None = None) -> Iterator[SessionEvent]:
         """Events as they happen (after ``cursor``), on a connection of their own, until the run ends."""

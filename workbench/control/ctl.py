@@ -8,6 +8,7 @@ listening). Printing is here; the talking is the client's.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -77,6 +78,14 @@ def _print(action: str, result: Any) -> None:
         print(result)
 
 
+def _last_words(target: str) -> str:
+    """How the last run in an output_dir ended, for the "no live run" line ("" if unknown)."""
+    from workbench.control.outcome import describe_outcome, last_outcome
+
+    outcome = last_outcome(target) if os.path.isdir(target) else None
+    return f"; {describe_outcome(outcome)}" if outcome is not None else ""
+
+
 def run_ctl(target: str, action: str, values: list[str], as_json: bool = False, wait: bool = False,
             save: bool = True, token: str | None = None, reason: str | None = None) -> int:
     """Send one command to the run at ``target``; returns the exit code. ``reason``: set's why."""
@@ -92,7 +101,7 @@ def run_ctl(target: str, action: str, values: list[str], as_json: bool = False, 
     try:
         session = attach(target, token=token)
     except NoLiveRun as exc:
-        print(f"workbench: {exc}", file=sys.stderr)
+        print(f"workbench: {exc}{_last_words(target)}", file=sys.stderr)
         return EXIT_NO_RUN
     except PermissionError as exc:  # a wrong token
         print(f"workbench: {exc}", file=sys.stderr)

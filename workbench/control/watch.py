@@ -97,7 +97,8 @@ class RecordedRun(_Refusing):
                                      step=int(r.get("step", 0)), time=float(r.get("time", 0.0)),
                                      data={k: v for k, v in r.items() if k not in ("event", "step", "time")})
                         for r in records]
-        self._rows = [CheckpointRow.from_dict(info.to_dict()) for info in CheckpointStore(self.output_dir).list()]
+        self._rows = CheckpointStore(self.output_dir).list()
+        self._stop_reason: str | None = None
         self._snapshot = self._build(records)
 
     def _build(self, records: list[dict[str, Any]]) -> Snapshot:
@@ -112,6 +113,7 @@ class RecordedRun(_Refusing):
             if kind == "start":
                 max_steps, run_name = int(r.get("max_steps") or 0), r.get("run_name")
                 status, error = Status.STOPPED, None  # a later start (resume) supersedes an earlier end
+                self._stop_reason = None
             elif kind == "log":
                 series.add_log(at, r)
             elif kind == "eval":
@@ -120,6 +122,7 @@ class RecordedRun(_Refusing):
                 edits.append({k: v for k, v in r.items() if k != "event"})
             elif kind == "end":
                 status = Status.FINISHED if r.get("status") == "finished" else Status.STOPPED
+                self._stop_reason = r.get("stop_reason")
             elif kind == "error":
                 status, error = Status.FAILED, r.get("error")
         elapsed = float(last - first) if isinstance(first, (int, float)) and isinstance(last, (int, float)) else 0.0
@@ -133,7 +136,7 @@ class RecordedRun(_Refusing):
 
     @property
     def stop_reason(self) -> str | None:
-        return None
+        return self._stop_reason
 
     def snapshot(self) -> Snapshot:
         return self._snapshot

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from workbench.exit_codes import run_exit_code
 from workbench.train.callbacks import TrainerCallback
 from workbench.session.events import EventHub
 from workbench.session.rank_pause import hold_ranks_paused
@@ -229,17 +230,28 @@ class Session:
             self._error = exc
             self._traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             self._set_status(Status.FAILED)
-            self._emit("failed", error=f"{type(exc).__name__}: {exc}")
+            self._emit("failed", error=f"{type(exc).__name__}: {exc}",
+                       **self._outcome(Status.FAILED, interrupted=isinstance(exc, KeyboardInterrupt)))
         else:
             stopped = self.trainer.stop_decision.is_set() or self.trainer.state.global_step < self.trainer.state.max_steps
             self._set_status(Status.STOPPED if stopped else Status.FINISHED)
-            self._emit("finished", stopped=stopped)
+            self._emit("finished", stopped=stopped, **self._outcome(self._status))
         finally:
             self._fail_pending()
             self._publish()
             # Attached clients get the last events before the endpoint and control.json go.
             self._stop_control()
             self._ended.set()
+
+    def _outcome(self, status: Status, interrupted: bool = False) -> dict[str, Any]:
+        """How the run ended, for its clients (the last event before the endpoint closes):
+        status, stop reason, whether the stop saved, and the code ``workbench run`` exits
+        with for it (events.jsonl's end record says the same for clients that come later)."""
+        decision = self.trainer.stop_decision
+        reason = decision.reason if decision.is_set() else None
+        saved = bool(decision.save) if decision.is_set() else True
+        return {"status": status.value, "stop_reason": reason, "saved": saved,
+                "exit_code": run_exit_code(status.value, reason, saved, interrupted)}
 
     def wait(self, timeout: float | None = None) -> Status:
         """Block until the run ends (or ``timeout``); re-raise its error. Returns the status.

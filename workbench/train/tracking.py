@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from workbench.exit_codes import EXIT_FAILED, run_exit_code
 from workbench.train.callbacks import TrainerCallback
 
 __all__ = ["EventLog", "EventLogCallback", "TrackioCallback", "TensorBoardCallback", "reporting_callbacks",
@@ -68,10 +69,15 @@ def read_events(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 class EventLogCallback(TrainerCallback):
-    """Writes start, log, eval, save, end and error events (main process only)."""
+    """Writes start, log, eval, save, end and error events (main process only).
 
-    def __init__(self) -> None:
+    ``end`` and ``error`` say how the run ended, with the code ``workbench run`` exits with:
+    clients that find the run gone (``workbench ctl``, an attached dashboard) read it here.
+    ``stop`` is the trainer's agreed stop decision (who stopped it, whether it saved)."""
+
+    def __init__(self, stop: Any = None) -> None:
         self.log: EventLog | None = None
+        self.stop = stop
 
     def _out(self, args, state) -> EventLog | None:
         if not state.is_world_process_zero:
@@ -104,8 +110,11 @@ class EventLogCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         out = self._out(args, state)
         if out:
-            out.write("end", state.global_step, epoch=state.epoch, status="stopped" if
-                      state.global_step < state.max_steps else "finished")
+            status = "stopped" if state.global_step < state.max_steps else "finished"
+            stop = self.stop if self.stop is not None and self.stop.is_set() else None
+            reason, saved = (stop.reason, bool(stop.save)) if stop is not None else (None, True)
+            out.write("end", state.global_step, epoch=state.epoch, status=status, stop_reason=reason, saved=saved,
+                      exit_code=run_exit_code(status, reason, saved))
 
     def on_error(self, args, state, control, error=None, model=None, optimizer=None, **kwargs):
         out = self._out(args, state)
@@ -116,7 +125,7 @@ class EventLogCallback(TrainerCallback):
 
                 out.write("oom", state.global_step, **memory_report(model, optimizer).to_dict())
             out.write("error", state.global_step, error=f"{type(error).__name__}: {error}",
-                      traceback="".join(traceback.format_exception(error)))
+                      traceback="".join(traceback.format_exception(error)), exit_code=EXIT_FAILED)
 
 
 def _is_out_of_memory(error: BaseException) -> bool:
@@ -200,11 +209,12 @@ def available_sinks() -> list[str]:
     return [name for name, (_, package) in SINKS.items() if package is None or importlib.util.find_spec(package)]
 
 
-def reporting_callbacks(args) -> list[TrainerCallback]:
-    """The sinks for ``args.report_to``; the events.jsonl log is always on."""
+def reporting_callbacks(args, stop: Any = None) -> list[TrainerCallback]:
+    """The sinks for ``args.report_to``; the events.jsonl log is always on (``stop``: the
+    trainer's stop decision, which its end record reports)."""
     import importlib.util
 
-    callbacks: list[TrainerCallback] = [EventLogCallback()]
+    callbacks: list[TrainerCallback] = [EventLogCallback(stop)]
     for name in args.report_to:
         cls, package = SINKS[name]
         if cls is None:

@@ -170,7 +170,7 @@ class Trainer:
         # The rank agreement goes first: a rank waits out rank 0's pause before any other
         # callback sees the step begin.
         agreement = [self._rank_sync] if self._rank_sync is not None else []
-        defaults: list[Any] = [*agreement, *DEFAULT_CALLBACKS, self._jit_callback, *reporting_callbacks(self.args)]
+        defaults: list[Any] = [*agreement, *DEFAULT_CALLBACKS, self._jit_callback, *reporting_callbacks(self.args, self.stop_decision)]
         # As HF: the bare printer when progress bars are disabled, else the progress lines.
         defaults.append(PrinterCallback if self.args.disable_tqdm else ProgressCallback)
         self.callback_handler = CallbackHandler(
