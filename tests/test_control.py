@@ -548,13 +548,67 @@ def test_a_run_gone_without_an_end_is_reported_as_killed(tmp_path):
     from workbench.train.tracking import EventLog
 
     log = EventLog(tmp_path)
-    log.write("start", 0, max_steps=10)
-    log.write("end", 10, status="finished", stop_reason=None, saved=True, exit_code=0)
+    log.write("start", 0, max_steps=10, pid=41)
+    log.write("end", 10, status="finished", stop_reason=None, saved=True, exit_code=0, pid=41)
     assert last_outcome(tmp_path)["exit_code"] == 0
-    assert end_note(tmp_path, 42) == "the run finished at step 10, exit code 0"
-    log.write("start", 10, max_steps=20)  # resumed, then SIGKILLed: no end after this start
-    log.write("log", 12, loss=1.0)
-    assert last_outcome(tmp_path) is None
+    assert end_note(tmp_path, 41) == "the run finished at step 10, exit code 0"
+    # pid 42 was killed before its first record: its predecessor's end is not its own
     assert end_note(tmp_path, 42).startswith("the run (pid 42) is gone without recording how it ended")
-    log.write("error", 12, error="ValueError: bad batch", exit_code=1)
-    assert end_note(tmp_path) == "the run failed at step 12, exit code 1"
+    log.write("start", 10, max_steps=20, pid=43)  # resumed, then SIGKILLed: no end after this start
+    log.write("log", 12, loss=1.0)
+    assert last_outcome(tmp_path) is None and last_outcome(tmp_path, 43) is None
+    assert end_note(tmp_path, 43).startswith("the run (pid 43) is gone without recording how it ended")
+    log.write("error", 12, error="ValueError: bad batch", exit_code=1, pid=43)
+    assert end_note(tmp_path, 43) == end_note(tmp_path) == "the run failed at step 12, exit code 1"
+
+
+@pytest.mark.slow
+def test_a_client_tells_a_preempted_headless_run_and_follows_its_resume(tmp_path):
+    """SIGTERM to a headless run: it exits 143 and the attached client says so (from the
+    run's own record, the same code); the relaunch with --resume is followed."""
+    import signal
+
+    (tmp_path / "run.toml").write_text(CTL_CONFIG)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+    def launch(*extra: str) -> subprocess.Popen:
+        run = subprocess.Popen([sys.executable, "-m", "workbench", "run", "run.toml", "--headless", *extra],
+                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: (out / CONTROL_FILE).exists() or run.poll() is not None, "control.json", 120)
+        assert run.poll() is None, run.communicate()
+        return run
+
+    first = launch("--set", "training.enable_jit_checkpoint=true")  # SIGTERM: save, then exit 143
+    runs = [first]
+    try:
+        remote = attach(out)
+        wait_for(lambda: remote.snapshot().step >= 20, "some steps")
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=120)
+        assert first.returncode == 143
+        assert remote.status == Status.STOPPED and remote.stop_reason == "SIGTERM"
+        note = remote.end_note()
+        assert note.startswith("the run stopped by SIGTERM at step") and note.endswith("exit code 143"), note
+        gone = workbench("ctl", out, "status", cwd=tmp_path)
+        assert gone.returncode == 3 and "exit code 143" in gone.stderr
+        stopped_at = read_events(out)[-1]["step"]
+
+        runs.append(launch("--resume"))
+        wait_for(lambda: remote.snapshot().step > stopped_at, "the resumed run, through the same client", 120)
+        assert remote.status in (Status.RUNNING, Status.SAVING, Status.EVALUATING)
+        assert remote.stop(save=False) in (Status.STOPPING, Status.STOPPED)
+        runs[1].communicate(timeout=120)
+        assert runs[1].returncode == 130
+        assert remote.end_note().endswith("(not saved), exit code 130")
+
+        runs.append(launch("--resume"))  # without enable_jit_checkpoint SIGTERM kills (as in HF)
+        wait_for(lambda: remote.snapshot().status == Status.RUNNING, "the third run")
+        runs[2].send_signal(signal.SIGTERM)
+        runs[2].communicate(timeout=120)
+        assert runs[2].returncode == -signal.SIGTERM
+        assert remote.end_note().startswith(f"the run (pid {runs[2].pid}) is gone without recording how it ended")
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                run.kill()

@@ -145,7 +145,8 @@ class RemoteSession:
         self._offset = 0  # events of the runs followed before this one: cursors keep counting
         self._cursor = 0  # the newest cursor handed out
         self._followed: dict[str, Any] | None = None  # a restart to announce in the events
-        self._end: dict[str, Any] | None = None  # the run's last event, or how it was found gone
+        self._end: dict[str, Any] | None = None  # how the run ended: its last event, or its record
+        self._told_end = False  # a "gone" event (or the run's own last event) was handed out
 
     def __repr__(self) -> str:
         return f"RemoteSession({self.info.get('socket') or self.info.get('tcp')}, run={self.hello.get('run_name')!r})"
@@ -180,7 +181,7 @@ class RemoteSession:
         with self._pool_lock:
             old, self._pool = self._pool, [first]
             self.info, self.hello = dict(info), first.hello
-            self._offset, self._snapshot, self._end = self._cursor, Snapshot.empty(), None
+            self._offset, self._snapshot, self._end, self._told_end = self._cursor, Snapshot.empty(), None, False
             self._followed = {"pid": info.get("pid"), "note": f"a restarted run (pid {info.get('pid')}) "
                                                               "serves this output_dir now; following it"}
         for conn in old:
@@ -245,7 +246,7 @@ class RemoteSession:
         status = self._snapshot.status
         if status in ENDED:
             return status
-        recorded = (self._end or {}).get("status")
+        recorded = self._ended_record().get("status")
         return Status(recorded) if recorded in {s.value for s in ENDED} else Status.STOPPED
 
     @property
@@ -253,7 +254,7 @@ class RemoteSession:
         try:
             return self._call("status")["stop_reason"]
         except (NoLiveRun, OSError):
-            return (self._end or {}).get("stop_reason")
+            return self._ended_record().get("stop_reason")
 
     def snapshot(self) -> Snapshot:
         """The run's newest snapshot; the same object as last time when nothing changed."""
@@ -290,27 +291,33 @@ class RemoteSession:
             events.insert(0, SessionEvent("followed", 0, time.time(), followed))
         for event in events:
             if event.kind in ("finished", "failed"):
-                self._end = dict(event.data)
+                self._end, self._told_end = {"step": event.step, **event.data}, True
         self._cursor = self._offset + int(result["cursor"])
         return events, self._cursor
 
-    def _gone_events(self) -> list[SessionEvent]:
-        if self._end is not None:
-            return []  # its last event came through, or it was already reported gone
-        from workbench.control.outcome import end_note, last_outcome
+    def _ended_record(self) -> dict[str, Any]:
+        """How the run ended: its last event if this client saw it, else events.jsonl's record
+        (read once), else a note that it is gone without one."""
+        if self._end is None:
+            from workbench.control.outcome import end_note, last_outcome
 
-        outcome = last_outcome(self.output_dir) if self.output_dir is not None else None
-        self._end = {**(outcome or {}), "note": end_note(self.output_dir, self.info.get("pid"))}
-        step = self._end.get("step", self._snapshot.step)
-        return [SessionEvent("gone", int(step), time.time(), dict(self._end))]
+            pid = self.info.get("pid")
+            outcome = last_outcome(self.output_dir, pid) if self.output_dir is not None else None
+            self._end = {**(outcome or {}), "note": end_note(self.output_dir, pid)}
+        return self._end
+
+    def _gone_events(self) -> list[SessionEvent]:
+        if self._told_end:
+            return []  # its last event came through, or it was already reported gone
+        self._told_end = True
+        end = self._ended_record()
+        return [SessionEvent("gone", int(end.get("step", self._snapshot.step)), time.time(), dict(end))]
 
     def end_note(self) -> str | None:
         """One line on how the run ended (stop reason, exit code), or None while it runs."""
         if self.status not in ENDED:
             return None
-        if self._end is None:
-            self.events_since(self._cursor)  # the last event, or the recorded outcome
-        end = self._end or {}
+        end = self._ended_record()
         if end.get("note"):
             return str(end["note"])
         from workbench.control.outcome import describe_outcome

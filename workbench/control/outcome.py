@@ -22,10 +22,11 @@ __all__ = ["last_outcome", "describe_outcome", "end_note"]
 _TAIL = 256 * 1024  # the outcome is among the last lines; a long run's log is not read whole
 
 
-def last_outcome(output_dir: str | os.PathLike) -> dict[str, Any] | None:
+def last_outcome(output_dir: str | os.PathLike, pid: object = None) -> dict[str, Any] | None:
     """How the newest run in ``output_dir`` ended (its events.jsonl ``end`` or ``error``
     record, with status and exit code); None when it has not (it is live, or was killed
-    before it could say) or there is no log.
+    before it could say) or there is no log. With ``pid``: only that process's record (a run
+    killed before its first record must not be told by its predecessor's end).
 
     Only the file's tail is read: a start line after the last end means a later run (a
     resume) began and has not ended."""
@@ -44,7 +45,7 @@ def last_outcome(output_dir: str | os.PathLike) -> dict[str, Any] | None:
         except ValueError:
             continue  # the first line of the tail may be cut
         kind = record.get("event")
-        if kind == "start":
+        if kind == "start" or (pid is not None and record.get("pid") != pid):
             return None
         if kind == "end":
             return record
@@ -71,7 +72,7 @@ def describe_outcome(outcome: Mapping[str, Any]) -> str:
 def end_note(output_dir: str | os.PathLike | None, pid: object = None) -> str:
     """What a client says when a run's endpoint is gone: its recorded end, or that it ended
     without recording one (killed, or its host is unreachable)."""
-    outcome = last_outcome(output_dir) if output_dir is not None else None
+    outcome = last_outcome(output_dir, pid) if output_dir is not None else None
     if outcome is not None:
         return describe_outcome(outcome)
     who = f"the run (pid {pid})" if pid is not None else "the run"

@@ -73,7 +73,8 @@ class EventLogCallback(TrainerCallback):
 
     ``end`` and ``error`` say how the run ended, with the code ``workbench run`` exits with:
     clients that find the run gone (``workbench ctl``, an attached dashboard) read it here.
-    ``stop`` is the trainer's agreed stop decision (who stopped it, whether it saved)."""
+    ``stop`` is the trainer's agreed stop decision (who stopped it, whether it saved). start,
+    end and error name the writing process (rank 0's pid, the one control.json names)."""
 
     def __init__(self, stop: Any = None) -> None:
         self.log: EventLog | None = None
@@ -90,7 +91,8 @@ class EventLogCallback(TrainerCallback):
         out = self._out(args, state)
         if out:
             out.write("start", state.global_step, max_steps=state.max_steps, run_name=args.run_name,
-                      num_train_epochs=state.num_train_epochs, train_batch_size=state.train_batch_size)
+                      num_train_epochs=state.num_train_epochs, train_batch_size=state.train_batch_size,
+                      pid=os.getpid())
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         out = self._out(args, state)
@@ -114,7 +116,7 @@ class EventLogCallback(TrainerCallback):
             stop = self.stop if self.stop is not None and self.stop.is_set() else None
             reason, saved = (stop.reason, bool(stop.save)) if stop is not None else (None, True)
             out.write("end", state.global_step, epoch=state.epoch, status=status, stop_reason=reason, saved=saved,
-                      exit_code=run_exit_code(status, reason, saved))
+                      exit_code=run_exit_code(status, reason, saved), pid=os.getpid())
 
     def on_error(self, args, state, control, error=None, model=None, optimizer=None, **kwargs):
         out = self._out(args, state)
@@ -125,7 +127,8 @@ class EventLogCallback(TrainerCallback):
 
                 out.write("oom", state.global_step, **memory_report(model, optimizer).to_dict())
             out.write("error", state.global_step, error=f"{type(error).__name__}: {error}",
-                      traceback="".join(traceback.format_exception(error)), exit_code=EXIT_FAILED)
+                      traceback="".join(traceback.format_exception(error)), exit_code=EXIT_FAILED,
+                      pid=os.getpid())
 
 
 def _is_out_of_memory(error: BaseException) -> bool:
