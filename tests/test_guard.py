@@ -285,6 +285,17 @@ def test_session_pauses_on_the_guard_and_counts_interventions(tmp_path):
             time.sleep(0.005)
         snap = session.snapshot()
         assert snap.step == 5 and snap.guard_interventions == 1
+        (mark,) = snap.interventions
+        assert (mark.step, mark.kind, mark.action, mark.value, mark.rank) == (5, "nonfinite", "pause", "nan", 0)
+        assert mark.samples == tuple(steps[4])
+        # a client attached over the control endpoint gets the same list
+        from workbench.control.client import attach
+
+        remote = attach(tmp_path / "s")
+        try:
+            assert remote.snapshot().interventions == snap.interventions
+        finally:
+            remote.close()
         session.resume()
         assert session.wait(120) == "finished"
     finally:
@@ -337,6 +348,12 @@ def test_rollback_restores_a_snapshot_and_moves_past_the_bad_data(tmp_path):
     assert (event["skipped_samples"], event["skipped_sample_count"]) == (skipped, 12)
     after = [i for ids in order.steps[8:] for i in ids]
     assert not set(event["skipped_samples"]) & set(after)  # named rows never come back
+    # a run's recording (`workbench watch`) lists it as the live snapshot would
+    from workbench.control.watch import open_watch
+
+    (mark,) = open_watch(tmp_path / "run").snapshot().interventions
+    assert (mark.step, mark.action, mark.restored_step, mark.skipped_samples, mark.samples) == \
+        (6, "rollback", 4, 12, tuple(steps[5]))
     # 8 steps ran before the rollback was read, then steps 5-12 on batches 7-14
     assert order.steps[:8] == steps[:8]
     assert order.steps[8:] == steps[7:15]

@@ -142,6 +142,37 @@ def log_text(app: DashboardApp) -> str:
 # ----------------------------------------------------------------------------- pilot tests: keys
 
 
+def test_a_guarded_nan_is_marked_on_the_loss_chart_and_listed(tmp_path):
+    """A real guarded run whose step 3 trains on a NaN row: the dashboard draws a line at
+    step 3 on the loss chart, lists the step with its rows, and logs it."""
+    from test_guard import BATCH, N, Poisoned, Regression, clean_order
+
+    from workbench import Guard
+    from workbench.widgets.tui.panels import GuardTable
+
+    steps = clean_order(tmp_path)
+    trainer = Trainer(model=Regression(), train_dataset=Poisoned(nan_ids=[steps[2][0]]),
+                      args=TrainingArguments(str(tmp_path / "run"), max_steps=N // BATCH,
+                                             per_device_train_batch_size=BATCH, learning_rate=0.05,
+                                             logging_steps=2, save_strategy="no", report_to="none",
+                                             disable_tqdm=True, seed=3))
+    session = Session(trainer, guard=Guard(nonfinite="skip"), control=False)
+
+    async def scenario(app, pilot):
+        await wait_for(pilot, lambda: session.status == "finished", "the run to finish")
+        chart = app.dashboard.query_one("#loss-chart")
+        await wait_for(pilot, lambda: chart.plotted.get("interventions"), "the mark on the loss chart")
+        assert [s for s, _ in chart.plotted["interventions"]] == [3]
+        table = app.dashboard.query_one(GuardTable)
+        assert table.display and [(i.step, i.kind, i.action) for i in table.items] == [(3, "nonfinite", "skip")]
+        text = str(table.render())
+        assert "nan/inf" in text and " ".join(str(i) for i in steps[2]) in text
+        await wait_for(pilot, lambda: "guard nan/inf" in log_text(app), "the guard line in the event log")
+
+    drive(session, scenario)
+
+
+
 def test_space_pauses_the_step_counter_shows_paused_and_resumes(tmp_path):
     session, _ = tiny_session(tmp_path / "run")
 
