@@ -3,6 +3,7 @@ the epoch's deterministic order, for one process and for each rank of a sharded 
 
 from __future__ import annotations
 
+import pytest
 from accelerate.data_loader import BatchSamplerShard
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
@@ -37,18 +38,27 @@ def test_one_process_rows_match_the_epoch_order_and_leave_the_sampler_alone():
     assert expected != second  # the epochs' orders differ, so the epoch was honoured
 
 
-def test_each_rank_of_a_sharded_loader():
-    sampler = BatchRebalanceSampler([1 + i % 7 for i in ROWS], 3, num_processes=2, seed=2)
-    shard = BatchSamplerShard(sampler, num_processes=2, process_index=0)
+def _rebalance():
+    return BatchRebalanceSampler([1 + i % 7 for i in ROWS], 3, num_processes=2, seed=2)
+
+
+def _random_batches():
+    return BatchSampler(EpochRandomSampler(ROWS, seed=2), 4, False)  # 8 batches, the last one short
+
+
+@pytest.mark.parametrize("make", [_rebalance, _random_batches], ids=["batch_rebalance", "random"])
+def test_each_rank_of_a_sharded_loader(make):
+    shard = BatchSamplerShard(make(), num_processes=2, process_index=0)
     loader = DataLoader(ROWS, batch_sampler=shard)
     order = DataOrder(loader, len(loader))
     assert order.known and order.num_ranks == 2
-    per_rank = order.samples(0, 1, 2)
+    last = len(loader) - 1  # the end of the epoch too, where Accelerate evens the ranks out
+    per_rank, tail = order.samples(0, 1, 2), order.samples(0, last, last)
     for rank in (0, 1):
-        own = BatchSamplerShard(BatchRebalanceSampler([1 + i % 7 for i in ROWS], 3, num_processes=2, seed=2),
-                                num_processes=2, process_index=rank)
-        batches = [list(b) for b in own]
+        batches = [list(b) for b in BatchSamplerShard(make(), num_processes=2, process_index=rank)]
         assert per_rank[rank] == batches[1] + batches[2]
+        assert tail[rank] == batches[last]
+    assert per_rank[0] != per_rank[1]
     assert shard.process_index == 0  # the live shard is untouched
 
 

@@ -332,9 +332,9 @@ def describe_event(kind: str, step: int, data: dict[str, Any]) -> tuple[str, str
 
 # -- guard interventions ------------------------------------------------------------------------
 
-# One colour per kind of intervention, the same in both front-ends (and the dashboard's
-# terminal palette has both names).
-GUARD_COLORS = {"nonfinite": "red", "spike": "yellow"}
+# One colour per kind of intervention, the same in both front-ends: hex, which Rich markup,
+# plotext (as RGB) and bqplot all take, and which no terminal theme remaps.
+GUARD_COLORS = {"nonfinite": "#e04040", "spike": "#e8b000"}
 
 
 def _guard_value(value: Any) -> str:

@@ -34,6 +34,11 @@ def _sci(value: float) -> str:
     return f"{value:.1e}".replace("e-0", "e-").replace("e+0", "e").replace("e+", "e")
 
 
+def _rgb(color: str) -> tuple[int, int, int]:
+    """A "#rrggbb" colour as plotext's RGB tuple (its colour names follow the terminal theme)."""
+    return int(color[1:3], 16), int(color[3:5], 16), int(color[5:7], 16)
+
+
 def _log_points(points: Sequence[Point]) -> list[Point]:
     return [(s, math.log10(v)) for s, v in points if v > 0 and math.isfinite(v)]
 
@@ -121,7 +126,7 @@ class LossChart(_Chart):
             drawn += eval_pts
         for step, kind in marks:
             # A vertical line needs no y value: a NaN step has no loss to place a point at.
-            plt.vline(step, color=GUARD_COLORS.get(kind, "white"))
+            plt.vline(step, color=_rgb(GUARD_COLORS.get(kind, "#aaaaaa")))
         shown["interventions"] = [(step, math.nan) for step, _ in marks]
         self.plotted = shown
         self._x_axis(drawn + shown["interventions"])

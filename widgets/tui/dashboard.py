@@ -17,7 +17,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from workbench.widgets.view import TERMINAL, describe_event, describe_intervention
+from workbench.widgets.view import GUARD_COLORS, TERMINAL, describe_event, describe_intervention
 
 from .charts import LossChart, RateChart
 from .panels import EventLog, GuardTable, MemoryPanel, MetricsTable, ProgressPanel, RunHeader, SummaryPanel
@@ -79,7 +79,8 @@ class DashboardScreen(Screen):
         self.query_one("#memory").border_title = "memory"
         self.query_one("#events").border_title = "events"
         self.query_one("#summary").display = False
-        self.query_one("#guard").border_title = "guard: [red]nan/inf[/] [yellow]spike[/]"
+        nan, spike = GUARD_COLORS["nonfinite"], GUARD_COLORS["spike"]
+        self.query_one("#guard").border_title = f"guard: [{nan}]nan/inf[/] [{spike}]spike[/]"
         self.query_one("#guard").display = False  # until the guard acts
         if self._backlog:
             level, text = self._backlog.pop()
@@ -134,7 +135,8 @@ class DashboardScreen(Screen):
             table.display = bool(interventions)
         chart = self.query_one(LossChart)
         chart.border_title = ("loss [cyan]train[/] [orange1]● eval[/]"
-                              + (" [red]│[/][yellow]│[/] guard" if interventions else ""))
+                              + (f" [{GUARD_COLORS['nonfinite']}]│[/][{GUARD_COLORS['spike']}]│[/] guard"
+                                 if interventions else ""))
         if self._series is not None:
             self._draw_charts()
 

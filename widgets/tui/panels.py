@@ -178,8 +178,9 @@ class GuardTable(Widget):
     def show(self, interventions: tuple) -> None:
         """Redraw when the list changed."""
         if interventions != self.items:
+            grew = len(interventions) != len(self.items)
             self.items = interventions
-            self.refresh()
+            self.refresh(layout=grew)  # height: auto follows the row count
 
     def render(self) -> Text:
         # Newest first: the table is a few rows high and the latest is what needs a look.
@@ -191,7 +192,7 @@ class GuardTable(Widget):
         for row, kind in rows:
             out.append("\n")
             out.append(f"{row[0]:<{widths[0]}}  ")
-            out.append(f"{row[1]:<{widths[1]}}", style=f"bold {GUARD_COLORS.get(kind, 'white')}")
+            out.append(f"{row[1]:<{widths[1]}}", style=f"bold {GUARD_COLORS.get(kind, '#aaaaaa')}")
             out.append("  " + "  ".join(f"{c:<{w}}" for c, w in zip(row[2:4], widths[2:4])) + f"  {row[4]}")
         return out
 
