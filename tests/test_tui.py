@@ -142,6 +142,31 @@ def log_text(app: DashboardApp) -> str:
 # ----------------------------------------------------------------------------- pilot tests: keys
 
 
+def test_the_readme_guard_capture_comes_from_a_real_guarded_run(tmp_path, monkeypatch):
+    """examples/guard_capture.py (the README's picture): the corrupt rows are named by the
+    events of the steps that trained on them, and the dashboard lists those steps."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import guard_capture
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    monkeypatch.chdir(tmp_path)
+    svg = tmp_path / "guard.svg"
+    events = guard_capture.capture("runs/guard-demo", svg)
+    assert [(e["step"], e["kind"], e["action"]) for e in events] == [
+        (10, "spike", "rollback"), (18, "nonfinite", "skip"), (110, "spike", "rollback"),
+        (103, "nonfinite", "skip"), (117, "spike", "rollback")]
+    for event in events:
+        bad_row = guard_capture.SPIKE_ROW if event["kind"] == "spike" else guard_capture.NAN_ROW
+        assert bad_row in event["samples"]
+        if event["action"] == "rollback":
+            assert set(event["samples"]) <= set(event["skipped_samples"])
+    picture = svg.read_text(encoding="utf-8").replace("&#160;", " ")
+    assert "rollback→110 (skip 72)" in picture and "nan/inf" in picture
+    assert "files in runs/guard-demo" in picture  # the output_dir the README's capture shows
+
+
+
 def test_a_guarded_nan_is_marked_on_the_loss_chart_and_listed(tmp_path):
     """A real guarded run whose step 3 trains on a NaN row: the dashboard draws a line at
     step 3 on the loss chart, lists the step with its rows, and logs it."""
