@@ -365,6 +365,18 @@ def test_rollback_restores_a_snapshot_and_moves_past_the_bad_data(tmp_path):
     assert saved["data"] == {"skipped": 3, "position": [0, 15]}
 
 
+def test_a_long_rollback_keeps_the_count_not_the_list(tmp_path, monkeypatch):
+    import workbench.train.rollback as rollback
+
+    steps = clean_order(tmp_path)
+    monkeypatch.setattr(rollback, "MAX_LISTED_SAMPLES", 11)  # this rollback skips 12 rows
+    run(tmp_path / "run", Poisoned(nan_ids=[steps[5][0]]), ROLLBACK, max_steps=12, logging_steps=4)
+    (event,) = guard_events(tmp_path / "run")
+    assert (event["skipped_samples"], event["skipped_sample_count"]) == (None, 12)
+    assert (event["skipped_from"], event["skipped_to"]) == ([0, 4], [0, 6])  # the range stands for them
+    assert event["samples"] == steps[5]  # the bad step's own rows are always named
+
+
 def test_rollback_lr_backoff_is_a_recorded_live_edit(tmp_path):
     steps = clean_order(tmp_path)
     guard = dataclasses.replace(ROLLBACK, lr_backoff=0.5)
