@@ -29,7 +29,7 @@ from workbench.checkpoint.store import CheckpointStore
 from workbench.data.builtin import builtin_tokenizer, load_builtin_data
 from workbench.config.loader import parse_overrides
 from workbench.models import TinyGPT
-from workbench.session.state import CheckpointRow, MemoryUsage, SessionEvent, Snapshot
+from workbench.session.state import CheckpointRow, Intervention, MemoryUsage, SessionEvent, Snapshot
 from workbench.train.edits import validate_edits
 from workbench.widgets.tui import DashboardApp
 from workbench.widgets.tui.checkpoints import CheckpointsScreen
@@ -605,7 +605,7 @@ class FixedSession:
     tests above.
     """
 
-    def __init__(self, root: Path, status: str) -> None:
+    def __init__(self, root: Path, status: str, interventions: tuple = ()) -> None:
         self.status = status
         self.stop_reason = None
         self.args = TrainingArguments(str(root), learning_rate=1e-3, max_steps=300, eval_strategy="steps",
@@ -629,6 +629,7 @@ class FixedSession:
             checkpoints=tuple(CheckpointRow.from_dict(c.to_dict()) for c in CheckpointStore(root).list()
                               if c.step <= step),
             edits=({"step": 250, "time": NOW, "learning_rate": 1e-3},), run_name="tiny-gpt",
+            interventions=interventions, guard_interventions=len(interventions),
             output_dir="runs/tiny-gpt", device="cpu", updated=NOW)
         self.events: list[SessionEvent] = []
         for kind, at, data in [("started", 0, {"max_steps": 300}), ("evaluated", 0, {"eval_loss": 4.61}),
@@ -667,8 +668,18 @@ class FixedSession:
         return self.memory_report
 
 
-def fixed_app(tmp_path: Path, status: str) -> DashboardApp:
-    return DashboardApp(FixedSession(tmp_path / "runs" / "tiny-gpt", status), autostart=False, frozen=True)
+def fixed_app(tmp_path: Path, status: str, interventions: tuple = ()) -> DashboardApp:
+    return DashboardApp(FixedSession(tmp_path / "runs" / "tiny-gpt", status, interventions), autostart=False,
+                        frozen=True)
+
+
+GUARDED = (
+    Intervention(step=64, kind="nonfinite", action="skip", value="nan", threshold=2.41, samples=(17, 902, 311, 45)),
+    Intervention(step=150, kind="spike", action="rollback", value=412.5, threshold=5.2, samples=(7, 88, 630, 1021),
+                 restored_step=100, skipped_samples=208),
+    Intervention(step=230, kind="spike", action="skip", value=61.0, threshold=4.4,
+                 samples=(3, 14, 159, 265, 358, 979, 323, 846)),
+)
 
 
 async def _events_shown(pilot) -> None:
@@ -685,6 +696,16 @@ def test_snapshot_main_screen_finished_80x24(tmp_path, snap_compare):
 
 def test_snapshot_main_screen_paused_large(tmp_path, snap_compare):
     assert snap_compare(fixed_app(tmp_path, "paused"), terminal_size=(130, 40), run_before=_events_shown)
+
+
+def test_snapshot_main_screen_with_guard_interventions(tmp_path, snap_compare):
+    async def guard_shown(pilot):
+        await _events_shown(pilot)
+        await wait_for(pilot, lambda: pilot.app.dashboard.query_one("#loss-chart").plotted.get("interventions"),
+                       "the guard marks")
+        await pilot.pause(0.1)
+
+    assert snap_compare(fixed_app(tmp_path, "finished", GUARDED), terminal_size=(110, 32), run_before=guard_shown)
 
 
 def test_snapshot_checkpoints_screen(tmp_path, snap_compare):
