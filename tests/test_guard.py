@@ -204,6 +204,10 @@ def test_nonfinite_and_spike_are_skipped_and_recorded_as_events(tmp_path):
     assert [(e["step"], e["kind"], e["action"], e["batches"], e["rank"]) for e in events] == [
         (3, "nonfinite", "skip", [2, 2], 0), (10, "spike", "skip", [9, 9], 0)]
     assert events[0]["value"] == "nan"
+    # the dataset rows of each bad step, recomputed from the epoch's order
+    assert events[0]["samples"] == steps[2] and nan_sample in events[0]["samples"]
+    assert events[1]["samples"] == steps[9] and spike_sample in events[1]["samples"]
+    assert "samples_by_rank" not in events[0]  # one process
     spike = events[1]
     assert spike["value"] > spike["threshold"] > 0
     assert len(trainer.state.guard["interventions"]) == 2
@@ -281,6 +285,17 @@ def test_session_pauses_on_the_guard_and_counts_interventions(tmp_path):
             time.sleep(0.005)
         snap = session.snapshot()
         assert snap.step == 5 and snap.guard_interventions == 1
+        (mark,) = snap.interventions
+        assert (mark.step, mark.kind, mark.action, mark.value, mark.rank) == (5, "nonfinite", "pause", "nan", 0)
+        assert mark.samples == tuple(steps[4])
+        # a client attached over the control endpoint gets the same list
+        from workbench.control.client import attach
+
+        remote = attach(tmp_path / "s")
+        try:
+            assert remote.snapshot().interventions == snap.interventions
+        finally:
+            remote.close()
         session.resume()
         assert session.wait(120) == "finished"
     finally:
@@ -328,6 +343,17 @@ def test_rollback_restores_a_snapshot_and_moves_past_the_bad_data(tmp_path):
     assert (event["restored_step"], event["source"]) == (4, "memory")
     # batches 4 (undone step 5), 5 (the bad one) and 6 (rollback_skip) are never trained again
     assert (event["skipped_from"], event["skipped_to"], event["skipped_batches"]) == ([0, 4], [0, 6], 3)
+    assert event["samples"] == steps[5]
+    skipped = [i for ids in steps[4:7] for i in ids]
+    assert (event["skipped_samples"], event["skipped_sample_count"]) == (skipped, 12)
+    after = [i for ids in order.steps[8:] for i in ids]
+    assert not set(event["skipped_samples"]) & set(after)  # named rows never come back
+    # a run's recording (`workbench watch`) lists it as the live snapshot would
+    from workbench.control.watch import open_watch
+
+    (mark,) = open_watch(tmp_path / "run").snapshot().interventions
+    assert (mark.step, mark.action, mark.restored_step, mark.skipped_samples, mark.samples) == \
+        (6, "rollback", 4, 12, tuple(steps[5]))
     # 8 steps ran before the rollback was read, then steps 5-12 on batches 7-14
     assert order.steps[:8] == steps[:8]
     assert order.steps[8:] == steps[7:15]
@@ -337,6 +363,18 @@ def test_rollback_restores_a_snapshot_and_moves_past_the_bad_data(tmp_path):
         assert all(seen.count(i) == 1 for i in ids)
     saved = trainer.state.guard
     assert saved["data"] == {"skipped": 3, "position": [0, 15]}
+
+
+def test_a_long_rollback_keeps_the_count_not_the_list(tmp_path, monkeypatch):
+    import workbench.train.rollback as rollback
+
+    steps = clean_order(tmp_path)
+    monkeypatch.setattr(rollback, "MAX_LISTED_SAMPLES", 11)  # this rollback skips 12 rows
+    run(tmp_path / "run", Poisoned(nan_ids=[steps[5][0]]), ROLLBACK, max_steps=12, logging_steps=4)
+    (event,) = guard_events(tmp_path / "run")
+    assert (event["skipped_samples"], event["skipped_sample_count"]) == (None, 12)
+    assert (event["skipped_from"], event["skipped_to"]) == ([0, 4], [0, 6])  # the range stands for them
+    assert event["samples"] == steps[5]  # the bad step's own rows are always named
 
 
 def test_rollback_lr_backoff_is_a_recorded_live_edit(tmp_path):
@@ -457,6 +495,11 @@ def test_nan_on_one_rank_is_skipped_by_both_at_the_same_step(tmp_path, optim):
     assert [(i["step"], i["rank"]) for i in ranks[0]["interventions"]] == [(3, 0)]
     assert [(i["step"], i["rank"]) for i in ranks[1]["interventions"]] == [(3, 1)]
     assert ranks[0]["interventions"][0]["value"] != "nan" and ranks[1]["interventions"][0]["value"] == "nan"
+    # every rank names the step's rows of both ranks (4 each, disjoint), the same on each
+    by_rank = ranks[0]["interventions"][0]["samples_by_rank"]
+    assert by_rank == ranks[1]["interventions"][0]["samples_by_rank"]
+    assert [len(ids) for ids in by_rank] == [4, 4] and not set(by_rank[0]) & set(by_rank[1])
+    assert ranks[0]["interventions"][0]["samples"] == by_rank[0] + by_rank[1]
     assert ranks[0]["weights"] == ranks[1]["weights"]  # the replicas stayed equal
     assert all(math.isfinite(v) for w in ranks[0]["weights"] for row in (w if isinstance(w[0], list) else [w])
                for v in row)

@@ -391,3 +391,46 @@ def test_checkpoint_browser_branches_and_resumes(run, tmp_path):
     child_thread = child._thread
     panel.close()
     assert not child_thread.is_alive(), "closing a panel closes its branches' panels too"
+
+
+# ------------------------------------------------------------------------------------------- guard
+
+
+def test_guard_interventions_are_marked_on_the_loss_chart_and_listed(tmp_path):
+    """A real guarded run whose steps 3 (NaN) and 10 (100x loss) are bad: the loss chart gets
+    a vertical mark at each step in its kind's colour, and the Guard tab lists both with
+    the dataset rows of the step."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_guard import BATCH, N, Poisoned, Regression, clean_order
+
+    from workbench import Guard
+    from workbench.widgets.view import GUARD_COLORS
+
+    steps = clean_order(tmp_path)
+    data = Poisoned(nan_ids=[steps[2][0]], spike_ids=[steps[9][0]], spike=100.0)
+    trainer = Trainer(model=Regression(), train_dataset=data,
+                      args=TrainingArguments(str(tmp_path / "run"), max_steps=N // BATCH,
+                                             per_device_train_batch_size=BATCH, learning_rate=0.05,
+                                             logging_steps=4, save_strategy="no", report_to="none",
+                                             disable_tqdm=True, seed=3))
+    session = Session(trainer, guard=Guard(nonfinite="skip", spike="skip", spike_factor=20.0, window=4),
+                      control=False)
+    panel = Panel(session, autostart=False)
+    sent = capture(panel.loss_chart.marks)
+    try:
+        assert panel.loss_chart.marked() == [] and "has not acted" in panel.guard.value
+        session.start()
+        assert session.wait(timeout=DEADLINE) == "finished"
+        panel.refresh()
+        assert panel.loss_chart.marked() == [(3, GUARD_COLORS["nonfinite"]), (10, GUARD_COLORS["spike"])]
+        assert sent and "x" in sent[-1]  # the marks reached the browser side
+        assert panel.tabs.titles[-1] == "Guard (2)"
+        table = panel.guard.value
+        assert table.index(">10<") < table.index(">3<")  # newest first
+        for step in (2, 9):
+            assert " ".join(str(i) for i in steps[step]) in table
+        assert "nan/inf" in table and "spike" in table and "skip" in table
+    finally:
+        panel.close()

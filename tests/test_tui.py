@@ -29,7 +29,7 @@ from workbench.checkpoint.store import CheckpointStore
 from workbench.data.builtin import builtin_tokenizer, load_builtin_data
 from workbench.config.loader import parse_overrides
 from workbench.models import TinyGPT
-from workbench.session.state import CheckpointRow, MemoryUsage, SessionEvent, Snapshot
+from workbench.session.state import CheckpointRow, Intervention, MemoryUsage, SessionEvent, Snapshot
 from workbench.train.edits import validate_edits
 from workbench.widgets.tui import DashboardApp
 from workbench.widgets.tui.checkpoints import CheckpointsScreen
@@ -140,6 +140,62 @@ def log_text(app: DashboardApp) -> str:
 
 
 # ----------------------------------------------------------------------------- pilot tests: keys
+
+
+def test_the_readme_guard_capture_comes_from_a_real_guarded_run(tmp_path, monkeypatch):
+    """examples/guard_capture.py (the README's picture): the corrupt rows are named by the
+    events of the steps that trained on them, and the dashboard lists those steps."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import guard_capture
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    monkeypatch.chdir(tmp_path)
+    svg = tmp_path / "guard.svg"
+    events = guard_capture.capture("runs/guard-demo", svg)
+    assert [(e["step"], e["kind"], e["action"]) for e in events] == [
+        (10, "spike", "rollback"), (18, "nonfinite", "skip"), (110, "spike", "rollback"),
+        (103, "nonfinite", "skip"), (117, "spike", "rollback")]
+    for event in events:
+        bad_row = guard_capture.SPIKE_ROW if event["kind"] == "spike" else guard_capture.NAN_ROW
+        assert bad_row in event["samples"]
+        if event["action"] == "rollback":
+            assert set(event["samples"]) <= set(event["skipped_samples"])
+    picture = svg.read_text(encoding="utf-8").replace("&#160;", " ")
+    assert "rollback→110 (skip 72)" in picture and "nan/inf" in picture
+    assert "files in runs/guard-demo" in picture  # the output_dir the README's capture shows
+
+
+
+def test_a_guarded_nan_is_marked_on_the_loss_chart_and_listed(tmp_path):
+    """A real guarded run whose step 3 trains on a NaN row: the dashboard draws a line at
+    step 3 on the loss chart, lists the step with its rows, and logs it."""
+    from test_guard import BATCH, N, Poisoned, Regression, clean_order
+
+    from workbench import Guard
+    from workbench.widgets.tui.panels import GuardTable
+
+    steps = clean_order(tmp_path)
+    trainer = Trainer(model=Regression(), train_dataset=Poisoned(nan_ids=[steps[2][0]]),
+                      args=TrainingArguments(str(tmp_path / "run"), max_steps=N // BATCH,
+                                             per_device_train_batch_size=BATCH, learning_rate=0.05,
+                                             logging_steps=2, save_strategy="no", report_to="none",
+                                             disable_tqdm=True, seed=3))
+    session = Session(trainer, guard=Guard(nonfinite="skip"), control=False)
+
+    async def scenario(app, pilot):
+        await wait_for(pilot, lambda: session.status == "finished", "the run to finish")
+        chart = app.dashboard.query_one("#loss-chart")
+        await wait_for(pilot, lambda: chart.plotted.get("interventions"), "the mark on the loss chart")
+        assert [s for s, _ in chart.plotted["interventions"]] == [3]
+        table = app.dashboard.query_one(GuardTable)
+        assert table.display and [(i.step, i.kind, i.action) for i in table.items] == [(3, "nonfinite", "skip")]
+        text = str(table.render())
+        assert "nan/inf" in text and " ".join(str(i) for i in steps[2]) in text
+        await wait_for(pilot, lambda: "guard nan/inf" in log_text(app), "the guard line in the event log")
+
+    drive(session, scenario)
+
 
 
 def test_space_pauses_the_step_counter_shows_paused_and_resumes(tmp_path):
@@ -549,7 +605,7 @@ class FixedSession:
     tests above.
     """
 
-    def __init__(self, root: Path, status: str) -> None:
+    def __init__(self, root: Path, status: str, interventions: tuple = ()) -> None:
         self.status = status
         self.stop_reason = None
         self.args = TrainingArguments(str(root), learning_rate=1e-3, max_steps=300, eval_strategy="steps",
@@ -573,6 +629,7 @@ class FixedSession:
             checkpoints=tuple(CheckpointRow.from_dict(c.to_dict()) for c in CheckpointStore(root).list()
                               if c.step <= step),
             edits=({"step": 250, "time": NOW, "learning_rate": 1e-3},), run_name="tiny-gpt",
+            interventions=interventions, guard_interventions=len(interventions),
             output_dir="runs/tiny-gpt", device="cpu", updated=NOW)
         self.events: list[SessionEvent] = []
         for kind, at, data in [("started", 0, {"max_steps": 300}), ("evaluated", 0, {"eval_loss": 4.61}),
@@ -611,8 +668,18 @@ class FixedSession:
         return self.memory_report
 
 
-def fixed_app(tmp_path: Path, status: str) -> DashboardApp:
-    return DashboardApp(FixedSession(tmp_path / "runs" / "tiny-gpt", status), autostart=False, frozen=True)
+def fixed_app(tmp_path: Path, status: str, interventions: tuple = ()) -> DashboardApp:
+    return DashboardApp(FixedSession(tmp_path / "runs" / "tiny-gpt", status, interventions), autostart=False,
+                        frozen=True)
+
+
+GUARDED = (
+    Intervention(step=64, kind="nonfinite", action="skip", value="nan", threshold=2.41, samples=(17, 902, 311, 45)),
+    Intervention(step=150, kind="spike", action="rollback", value=412.5, threshold=5.2, samples=(7, 88, 630, 1021),
+                 restored_step=100, skipped_samples=208),
+    Intervention(step=230, kind="spike", action="skip", value=61.0, threshold=4.4,
+                 samples=(3, 14, 159, 265, 358, 979, 323, 846)),
+)
 
 
 async def _events_shown(pilot) -> None:
@@ -629,6 +696,16 @@ def test_snapshot_main_screen_finished_80x24(tmp_path, snap_compare):
 
 def test_snapshot_main_screen_paused_large(tmp_path, snap_compare):
     assert snap_compare(fixed_app(tmp_path, "paused"), terminal_size=(130, 40), run_before=_events_shown)
+
+
+def test_snapshot_main_screen_with_guard_interventions(tmp_path, snap_compare):
+    async def guard_shown(pilot):
+        await _events_shown(pilot)
+        await wait_for(pilot, lambda: pilot.app.dashboard.query_one("#loss-chart").plotted.get("interventions"),
+                       "the guard marks")
+        await pilot.pause(0.1)
+
+    assert snap_compare(fixed_app(tmp_path, "finished", GUARDED), terminal_size=(110, 32), run_before=guard_shown)
 
 
 def test_snapshot_checkpoints_screen(tmp_path, snap_compare):

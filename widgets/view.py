@@ -39,6 +39,9 @@ __all__ = [
     "describe_event",
     "summary_lines",
     "progress_line",
+    "GUARD_COLORS",
+    "intervention_cells",
+    "describe_intervention",
 ]
 
 Point = tuple[int, float]
@@ -331,6 +334,46 @@ def describe_event(kind: str, step: int, data: dict[str, Any]) -> tuple[str, str
     if kind == "warning":
         return "warn", f"step {step}: {data.get('message', '')}"
     return "info", f"step {step}: {kind}"
+
+
+# -- guard interventions ------------------------------------------------------------------------
+
+# One colour per kind of intervention, the same in both front-ends: hex, which Rich markup,
+# plotext (as RGB) and bqplot all take, and which no terminal theme remaps.
+GUARD_COLORS = {"nonfinite": "#e04040", "spike": "#e8b000"}
+
+
+def _guard_value(value: Any) -> str:
+    return fmt_number(value, 3) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+def _sample_list(samples: Sequence[int], limit: int) -> str:
+    shown = " ".join(str(i) for i in samples[:limit])
+    return shown + (f" …+{len(samples) - limit}" if len(samples) > limit else "") if samples else "-"
+
+
+def intervention_cells(item: Any, sample_limit: int = 6) -> tuple[str, str, str, str, str]:
+    """(step, kind, action, value/threshold, samples) of an ``Intervention`` as text.
+
+    A rollback's action says where it went back to and how many rows it jumped over; the
+    threshold is shown for spikes only (a non-finite loss has no bar to compare with).
+    """
+    kind = "nan/inf" if item.kind == "nonfinite" else item.kind
+    action = item.action
+    if item.action == "rollback" and item.restored_step is not None:
+        action = f"rollback→{item.restored_step}"
+        if item.skipped_samples:
+            action += f" (skip {item.skipped_samples})"
+    value = _guard_value(item.value)
+    if item.kind == "spike" and item.threshold is not None:
+        value += f" > {_guard_value(item.threshold)}"
+    return str(item.step), kind, action, value, _sample_list(item.samples, sample_limit)
+
+
+def describe_intervention(item: Any) -> tuple[str, str]:
+    """(level, text) for the event log: one line per intervention."""
+    step, kind, action, value, samples = intervention_cells(item)
+    return "warn", f"step {step}: guard {kind} {value}: {action}, samples {samples}"
 
 
 def progress_line(snapshot: Any) -> str:

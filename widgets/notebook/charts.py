@@ -69,6 +69,12 @@ class LiveChart:
                 colors=[trace.color], labels=[trace.label], display_legend=True,
                 marker=trace.marker, marker_size=36, stroke_width=2,
             )
+        # Vertical marks span the plot's height on a fixed 0..1 scale of their own: a step
+        # with a NaN loss has no y value to place a point at.
+        self.mark_scale = LinearScale(min=0.0, max=1.0, allow_padding=False)
+        self.marks = Lines(x=np.zeros((0, 2)), y=np.zeros((0, 2)), scales={"x": self.x_scale, "y": self.mark_scale},
+                           colors=["#888888"], stroke_width=1.5, line_style="dashed")
+        self._mark_key: tuple = ()
         self.axes = [Axis(scale=self.x_scale, side="bottom", label="step", grid_lines="dashed", num_ticks=6)]
         self.axes.append(Axis(scale=self.y_scales["left"], side="left", label=left_label, grid_lines="dashed",
                               tick_format=tick_format.get("left"), label_offset=_label_offset(tick_format.get("left"))))
@@ -77,7 +83,7 @@ class LiveChart:
                                   grid_lines="none", tick_format=tick_format.get("right"),
                                   label_offset=_label_offset(tick_format.get("right"))))
         self.figure = Figure(
-            marks=list(self.lines.values()), axes=self.axes, title=title, animation_duration=0,
+            marks=[*self.lines.values(), self.marks], axes=self.axes, title=title, animation_duration=0,
             legend_location="top-right", fig_margin={"top": 40, "bottom": 40, "left": 72, "right": 64},
             min_aspect_ratio=0.01, max_aspect_ratio=100.0,
             layout=Layout(width=width, min_width="300px", height=height),
@@ -88,7 +94,8 @@ class LiveChart:
     @property
     def widgets(self) -> list[Widget]:
         """Every widget of the chart (for hold_sync and close)."""
-        return [self.figure, self.x_scale, *self.y_scales.values(), *self.lines.values(), *self.axes]
+        return [self.figure, self.x_scale, *self.y_scales.values(), *self.lines.values(), *self.axes,
+                self.mark_scale, self.marks]
 
     def update(self, series: Mapping[str, Sequence[Point]], max_steps: int = 0) -> int:
         """Feed the newest series in; returns how many lines changed (0 sends nothing).
@@ -118,6 +125,24 @@ class LiveChart:
             line.y = y
             changed += 1
         return changed
+
+    def set_marks(self, marks: Sequence[tuple[int, str]]) -> bool:
+        """Vertical lines at ``(step, colour)`` marks (e.g. guard interventions); returns
+        whether they changed (unchanged marks send nothing)."""
+        marks = tuple(marks)
+        if marks == self._mark_key:
+            return False
+        self._mark_key = marks
+        steps = np.asarray([[float(s), float(s)] for s, _ in marks], dtype=np.float64).reshape(-1, 2)
+        self.marks.x = steps
+        self.marks.y = np.tile([0.0, 1.0], (len(marks), 1))
+        self.marks.colors = [color for _, color in marks] or ["#888888"]
+        return True
+
+    def marked(self) -> list[tuple[int, str]]:
+        """The (step, colour) of each vertical mark the chart holds (what the browser draws)."""
+        x = np.asarray(self.marks.x).reshape(-1, 2)
+        return [(int(row[0]), color) for row, color in zip(x, self.marks.colors)]
 
     def points(self, series: str) -> list[Point]:
         """The (step, value) points the chart currently holds for ``series`` (what the browser draws)."""

@@ -27,7 +27,7 @@ import ipywidgets as w
 
 from workbench.session.protocol import SessionLike, Status
 from workbench.session.state import is_timing_metric
-from workbench.widgets.view import fmt_lr, fmt_number
+from workbench.widgets.view import GUARD_COLORS, fmt_lr, fmt_number
 
 from .charts import LiveChart, Trace
 from .tables import (
@@ -36,6 +36,7 @@ from .tables import (
     evaluations_html,
     event_entry,
     events_html,
+    interventions_html,
     memory_html,
     metrics_html,
     notice_html,
@@ -63,7 +64,8 @@ class Panel(w.VBox):
     Evaluate, Stop and the learning-rate field with Apply; a notice line answering the last
     button press; the error area (hidden until the run fails); two charts side by side
     (train/eval loss; learning rate and grad norm); tabs Metrics, Memory, Checkpoints
-    (resume from, delete, branch), Events; and below, the panels of runs branched from here.
+    (resume from, delete, branch), Events, Guard (the guard's interventions, also marked on the
+    loss chart); and below, the panels of runs branched from here.
     """
 
     def __init__(self, session: SessionLike, interval: float = MIN_INTERVAL, autostart: bool = True) -> None:
@@ -134,21 +136,24 @@ class Panel(w.VBox):
         self.branch_button = _button("Branch", "code-fork", "Start a new run from the selected checkpoint into "
                                      "another output_dir, with a different learning rate if given")
         self.events = w.HTML()
+        self.guard = w.HTML(interventions_html((), GUARD_COLORS))
         browser = w.VBox([self.checkpoints,
                           w.HBox([self.checkpoint_select, self.resume_button, self.delete_button],
                                  layout=w.Layout(flex_flow="row wrap", align_items="center")),
                           w.HBox([self.branch_dir, self.branch_lr, self.branch_button],
                                  layout=w.Layout(flex_flow="row wrap", align_items="center"))])
-        self.tabs = w.Tab(children=[w.VBox([self.metrics, self.evaluations]), self.memory, browser, self.events])
-        self.tabs.titles = ("Metrics", "Memory", "Checkpoints", "Events")
+        self.tabs = w.Tab(children=[w.VBox([self.metrics, self.evaluations]), self.memory, browser, self.events,
+                                    self.guard])
+        self.tabs.titles = ("Metrics", "Memory", "Checkpoints", "Events", "Guard")
         self.branch_box = w.VBox()
 
         self._text_widgets = [self.status, self.progress, self.pause_button, self.save_button, self.evaluate_button,
                               self.stop_button, self.lr_field, self.notice, self.error, self.metrics,
                               self.evaluations, self.memory, self.checkpoints, self.checkpoint_select,
-                              self.resume_button, self.delete_button, self.branch_button, self.events]
+                              self.resume_button, self.delete_button, self.branch_button, self.events, self.guard,
+                              self.tabs]
         self._owned: list[w.Widget] = [*self._text_widgets, self.lr_apply, self.branch_dir, self.branch_lr,
-                                       controls, charts, browser, self.tabs, self.branch_box,
+                                       controls, charts, browser, self.branch_box,
                                        *browser.children[1:], *controls.children[4:5]]
         self.pause_button.on_click(self._guard(self._on_pause))
         self.save_button.on_click(self._guard(self._on_save))
@@ -314,6 +319,12 @@ class Panel(w.VBox):
         self.branch_button.disabled = not can_restart or self.checkpoint_select.value is None
         if log_changed:
             self.events.value = events_html(list(self._log))
+        interventions = getattr(snap, "interventions", ())
+        if self._changed("interventions", interventions):
+            self.loss_chart.set_marks([(i.step, GUARD_COLORS.get(i.kind, "#888888")) for i in interventions])
+            self.guard.value = interventions_html(interventions, GUARD_COLORS)
+            self.tabs.titles = ("Metrics", "Memory", "Checkpoints", "Events",
+                                f"Guard ({len(interventions)})" if interventions else "Guard")
 
     def _update_checkpoint_options(self, checkpoints: Any) -> None:
         options = tuple((f"{c.name}{' ★' if c.best else ''}", c.path) for c in checkpoints if c.complete)

@@ -25,6 +25,7 @@ from workbench.widgets.view import (
     fmt_clock,
     fmt_lr,
     fmt_number,
+    intervention_cells,
     lower_is_better,
     memory_rows,
     metric_rows,
@@ -44,6 +45,7 @@ __all__ = [
     "notice_html",
     "event_entry",
     "terminal",
+    "interventions_html",
 ]
 
 STATUS_COLORS = {
@@ -204,6 +206,20 @@ def event_entry(event: Any) -> tuple[float, str, str] | None:
     if described is None:
         return None
     return (event.time, *described)
+
+
+def interventions_html(interventions: Sequence[Any], colors: Mapping[str, str]) -> str:
+    """The guard's interventions, newest first: step, kind (in its chart colour), action,
+    loss (> threshold for a spike) and the step's dataset rows."""
+    if not interventions:
+        return _muted("no interventions: the guard has not acted (or is off)")
+    rows = []
+    for item in reversed(interventions):
+        step, kind, action, value, samples = intervention_cells(item, sample_limit=16)
+        color = colors.get(item.kind, "inherit")
+        rows.append(([_e(step), f'<span style="color:{color};font-weight:600">{_e(kind)}</span>', _e(action),
+                      _e(value), _e(samples)], False))
+    return _table(["step", "kind", "action", "loss", "samples"], rows, right_from=5)
 
 
 def error_html(message: str | None, trace_text: str | None = None) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from textual_plotext import PlotextPlot
 
-from workbench.widgets.view import Point, downsample, fmt_number, smooth
+from workbench.widgets.view import GUARD_COLORS, Point, downsample, fmt_number, smooth
 
 __all__ = ["LossChart", "RateChart", "step_ticks"]
 
@@ -32,6 +32,11 @@ def step_ticks(lo: int, hi: int, count: int = 5) -> list[int]:
 def _sci(value: float) -> str:
     """A compact axis label for a learning rate: 2.8e-3 (rates span decades)."""
     return f"{value:.1e}".replace("e-0", "e-").replace("e+0", "e").replace("e+", "e")
+
+
+def _rgb(color: str) -> tuple[int, int, int]:
+    """A "#rrggbb" colour as plotext's RGB tuple (its colour names follow the terminal theme)."""
+    return int(color[1:3], 16), int(color[3:5], 16), int(color[5:7], 16)
 
 
 def _log_points(points: Sequence[Point]) -> list[Point]:
@@ -82,11 +87,14 @@ class _Chart(PlotextPlot):
 class LossChart(_Chart):
     """Train loss (optionally smoothed) and eval loss on one step axis, linear or log y."""
 
-    def show(self, series: dict[str, Sequence[Point]], *, log_scale: bool = False, smoothing: bool = False) -> None:
-        """Draw ``series["loss"]`` and ``series["eval_loss"]`` (the eval_on_start point at step 0 included)."""
+    def show(self, series: dict[str, Sequence[Point]], *, log_scale: bool = False, smoothing: bool = False,
+             interventions: Sequence[Any] = ()) -> None:
+        """Draw ``series["loss"]`` and ``series["eval_loss"]`` (the eval_on_start point at step 0
+        included), and a vertical line at each guard intervention's step, coloured by kind."""
         train = series.get("loss", ())
         evals = series.get("eval_loss", ())
-        key = (train, evals, log_scale, smoothing, self.size)
+        marks = tuple((i.step, i.kind) for i in interventions)
+        key = (train, evals, log_scale, smoothing, marks, self.size)
         if key == self._key:
             return
         self._key = key
@@ -116,8 +124,12 @@ class LossChart(_Chart):
         if eval_pts:
             plt.scatter([p[0] for p in eval_pts], [p[1] for p in eval_pts], marker="●", color="orange")
             drawn += eval_pts
+        for step, kind in marks:
+            # A vertical line needs no y value: a NaN step has no loss to place a point at.
+            plt.vline(step, color=_rgb(GUARD_COLORS.get(kind, "#aaaaaa")))
+        shown["interventions"] = [(step, math.nan) for step, _ in marks]
         self.plotted = shown
-        self._x_axis(drawn)
+        self._x_axis(drawn + shown["interventions"])
         if log_scale and drawn:
             lo, hi = min(p[1] for p in drawn), max(p[1] for p in drawn)
             ticks = [lo + (hi - lo) * i / 3 for i in range(4)] if hi > lo else [lo]

@@ -17,10 +17,10 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from workbench.widgets.view import TERMINAL, describe_event
+from workbench.widgets.view import GUARD_COLORS, TERMINAL, describe_event, describe_intervention
 
 from .charts import LossChart, RateChart
-from .panels import EventLog, MemoryPanel, MetricsTable, ProgressPanel, RunHeader, SummaryPanel
+from .panels import EventLog, GuardTable, MemoryPanel, MetricsTable, ProgressPanel, RunHeader, SummaryPanel
 
 __all__ = ["DashboardScreen"]
 
@@ -56,6 +56,7 @@ class DashboardScreen(Screen):
         self._snapshot: Any = None
         self._backlog: list[tuple[str, str]] = []
         self._best: tuple[float | None, int | None] = (None, None)
+        self._interventions: tuple = ()  # the guard's, as the charts and the table show them
 
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header")
@@ -64,6 +65,7 @@ class DashboardScreen(Screen):
         with Horizontal(id="charts"):
             yield LossChart(id="loss-chart")
             yield RateChart(id="rate-chart")
+        yield GuardTable(id="guard")
         with Horizontal(id="panels"):
             yield MetricsTable(id="metrics")
             yield MemoryPanel(id="memory")
@@ -77,6 +79,9 @@ class DashboardScreen(Screen):
         self.query_one("#memory").border_title = "memory"
         self.query_one("#events").border_title = "events"
         self.query_one("#summary").display = False
+        nan, spike = GUARD_COLORS["nonfinite"], GUARD_COLORS["spike"]
+        self.query_one("#guard").border_title = f"guard: [{nan}]nan/inf[/] [{spike}]spike[/]"
+        self.query_one("#guard").display = False  # until the guard acts
         if self._backlog:
             level, text = self._backlog.pop()
             self.log_line(level, text)
@@ -105,6 +110,9 @@ class DashboardScreen(Screen):
             progress.show(snapshot, frozen)
         self._best = (snapshot.best_metric, snapshot.best_step)
         self.query_one(MemoryPanel).show(snapshot.memory, frozen)
+        interventions = getattr(snapshot, "interventions", ())
+        if interventions != self._interventions:
+            self._show_interventions(interventions)
         if snapshot.series is not self._series and snapshot.series is not self._pending:
             self._pending = snapshot.series
             wait = CHART_INTERVAL - (time.monotonic() - self._chart_at)
@@ -114,6 +122,23 @@ class DashboardScreen(Screen):
                 # Throttled: draw when the interval is over, even if no newer snapshot comes
                 # (a paused run publishes one snapshot after an evaluation, then none).
                 self._chart_timer = self.set_timer(wait, self._flush_charts)
+
+    def _show_interventions(self, interventions: tuple) -> None:
+        """List the guard's interventions, log the new ones and mark them on the loss chart
+        (at once: a few a run, each worth seeing before the next chart interval)."""
+        for item in interventions[len(self._interventions):]:
+            self.log_line(*describe_intervention(item))
+        self._interventions = interventions
+        table = self.query_one(GuardTable)
+        table.show(interventions)
+        if table.display != bool(interventions):
+            table.display = bool(interventions)
+        chart = self.query_one(LossChart)
+        chart.border_title = ("loss [cyan]train[/] [orange1]● eval[/]"
+                              + (f" [{GUARD_COLORS['nonfinite']}]│[/][{GUARD_COLORS['spike']}]│[/] guard"
+                                 if interventions else ""))
+        if self._series is not None:
+            self._draw_charts()
 
     def _flush_charts(self) -> None:
         self._chart_timer = None
@@ -131,7 +156,8 @@ class DashboardScreen(Screen):
     def _draw_charts(self) -> None:
         # The metrics table follows the same series, so it keeps the charts' pace.
         series = self._series or {}
-        self.query_one(LossChart).show(series, log_scale=self.log_scale, smoothing=self.smoothing)
+        self.query_one(LossChart).show(series, log_scale=self.log_scale, smoothing=self.smoothing,
+                                       interventions=self._interventions)
         self.query_one(RateChart).show(series)
         self.query_one(MetricsTable).show(series, *self._best)
 

@@ -18,7 +18,9 @@ from workbench.widgets.view import (
     MetricRow,
     fmt_bytes,
     fmt_clock,
+    GUARD_COLORS,
     fmt_number,
+    intervention_cells,
     memory_rows,
     metric_rows,
     progress_line,
@@ -26,7 +28,7 @@ from workbench.widgets.view import (
     summary_lines,
 )
 
-__all__ = ["RunHeader", "ProgressPanel", "MetricsTable", "MemoryPanel", "EventLog", "SummaryPanel"]
+__all__ = ["RunHeader", "ProgressPanel", "MetricsTable", "MemoryPanel", "EventLog", "SummaryPanel", "GuardTable"]
 
 STATUSES = tuple(Status)  # one CSS class per status: .status-idle, .status-running, ...
 
@@ -160,6 +162,38 @@ class MetricsTable(Widget):
             out.append("★" if row.selects_best else " ", style="bold yellow")
             if wide:
                 out.append(f" {step:>{step_w}}")
+        return out
+
+
+class GuardTable(Widget):
+    """The guard's interventions, newest first: step, kind, action, value (> threshold) and
+    the dataset rows of the step. Shown by the dashboard only once there is one."""
+
+    HEADER = ("step", "kind", "action", "loss", "samples")
+
+    def __init__(self, *, id: str | None = None) -> None:  # noqa: A002 - Textual's name
+        super().__init__(id=id)
+        self.items: tuple = ()
+
+    def show(self, interventions: tuple) -> None:
+        """Redraw when the list changed."""
+        if interventions != self.items:
+            grew = len(interventions) != len(self.items)
+            self.items = interventions
+            self.refresh(layout=grew)  # height: auto follows the row count
+
+    def render(self) -> Text:
+        # Newest first: the table is a few rows high and the latest is what needs a look.
+        rows = [(intervention_cells(i), i.kind) for i in reversed(self.items)]
+        cells = [self.HEADER] + [c for c, _ in rows]
+        widths = [max(len(row[k]) for row in cells) for k in range(4)]
+        out = Text(no_wrap=True, overflow="ellipsis")
+        out.append("  ".join(f"{h:<{w}}" for h, w in zip(self.HEADER, widths)) + "  samples", style="bold")
+        for row, kind in rows:
+            out.append("\n")
+            out.append(f"{row[0]:<{widths[0]}}  ")
+            out.append(f"{row[1]:<{widths[1]}}", style=f"bold {GUARD_COLORS.get(kind, '#aaaaaa')}")
+            out.append("  " + "  ".join(f"{c:<{w}}" for c, w in zip(row[2:4], widths[2:4])) + f"  {row[4]}")
         return out
 
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from workbench.session.state import CheckpointRow, MemoryUsage, SessionEvent, Snapshot, Status
+from workbench.session.state import CheckpointRow, Intervention, MemoryUsage, SessionEvent, Snapshot, Status
 
 __all__ = ["PROTOCOL_VERSION", "MAX_LINE", "COMMANDS", "ProtocolError", "encode", "decode_request",
            "decode_reply", "reply_ok", "reply_error", "snapshot_to_dict", "snapshot_from_dict",
@@ -123,6 +123,7 @@ def snapshot_from_dict(data: Mapping[str, Any]) -> Snapshot:
     fields["memory"] = MemoryUsage.from_dict(memory) if memory else None
     fields["checkpoints"] = tuple(CheckpointRow.from_dict(r) for r in fields.get("checkpoints") or ())
     fields["edits"] = tuple(dict(e) for e in fields.get("edits") or ())
+    fields["interventions"] = tuple(Intervention.from_record(r) for r in fields.get("interventions") or ())
     known = Snapshot.__dataclass_fields__
     return Snapshot(**{k: v for k, v in fields.items() if k in known})
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.control.discovery import NoLiveRun
-from workbench.session.state import CheckpointRow, MemoryUsage, SeriesStore, SessionEvent, Snapshot, Status
+from workbench.session.state import CheckpointRow, Intervention, MemoryUsage, SeriesStore, SessionEvent, Snapshot, Status
 
 __all__ = ["RecordedRun", "ReadOnly", "open_watch"]
 
@@ -104,6 +104,7 @@ class RecordedRun(_Refusing):
     def _build(self, records: list[dict[str, Any]]) -> Snapshot:
         series = SeriesStore()
         status, error, max_steps, step, run_name, edits = Status.STOPPED, None, 0, 0, None, []
+        interventions: list[Intervention] = []
         first = last = None
         for r in records:
             kind, at = r.get("event"), int(r.get("step", 0))
@@ -120,6 +121,8 @@ class RecordedRun(_Refusing):
                 series.add_eval(at, {k: v for k, v in r.items() if k not in ("event", "step", "time", "epoch")})
             elif kind == "edit":
                 edits.append({k: v for k, v in r.items() if k != "event"})
+            elif kind == "guard":
+                interventions.append(Intervention.from_record(r))
             elif kind == "end":
                 status = Status.FINISHED if r.get("status") == "finished" else Status.STOPPED
                 self._stop_reason = r.get("stop_reason")
@@ -127,7 +130,8 @@ class RecordedRun(_Refusing):
                 status, error = Status.FAILED, r.get("error")
         elapsed = float(last - first) if isinstance(first, (int, float)) and isinstance(last, (int, float)) else 0.0
         return Snapshot(status=status, step=step, max_steps=max_steps, elapsed=elapsed, series=series.frozen(),
-                        checkpoints=tuple(self._rows), edits=tuple(edits), error=error, run_name=run_name,
+                        checkpoints=tuple(self._rows), edits=tuple(edits), error=error,
+                        interventions=tuple(interventions), guard_interventions=len(interventions), run_name=run_name,
                         output_dir=str(self.output_dir), updated=float(last or 0.0))
 
     @property

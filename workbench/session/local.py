@@ -28,7 +28,8 @@ from workbench.exit_codes import run_exit_code
 from workbench.train.callbacks import TrainerCallback
 from workbench.session.events import EventHub
 from workbench.session.rank_pause import hold_ranks_paused
-from workbench.session.state import ENDED, CheckpointRow, MemoryUsage, SeriesStore, SessionEvent, Snapshot, Status
+from workbench.session.state import (ENDED, CheckpointRow, Intervention, MemoryUsage, SeriesStore, SessionEvent,
+                                     Snapshot, Status)
 from workbench.train.edits import (
     apply_edit, check_reason, evaluate_between_steps, save_between_steps, validate_edits)
 from workbench.train.rng import rng_preserved
@@ -831,6 +832,17 @@ class Session:
         with self._lock:
             self._publish_locked()
 
+    def _interventions(self, state: Any) -> tuple[Intervention, ...]:
+        """The guard's records as value types, rebuilt only when they changed (they are few
+        and change rarely; a snapshot is published several times a second)."""
+        records = (state.guard or {}).get("interventions", ())
+        # Records are only appended (a rollback fills its own in before it is published).
+        key = (len(records), records[-1].get("step"), records[-1].get("restored_step")) if records else (0,)
+        cached = self.__dict__.get("_interventions_cache")
+        if cached is None or cached[0] != key:
+            cached = self._interventions_cache = (key, tuple(Intervention.from_record(r) for r in records))
+        return cached[1]
+
     def _publish_locked(self) -> None:
         from workbench.session.progress import progress
 
@@ -849,6 +861,7 @@ class Session:
             best_step=state.best_global_step,
             edits=tuple(dict(e) for e in self._edits),
             guard_interventions=len((state.guard or {}).get("interventions", ())),
+            interventions=self._interventions(state),
             error=f"{type(self._error).__name__}: {self._error}" if self._error is not None else None,
             traceback=self._traceback,
             run_name=args.run_name,

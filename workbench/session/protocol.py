@@ -22,9 +22,9 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from workbench.session.state import ENDED, CheckpointRow, MemoryUsage, SessionEvent, Snapshot, Status
+from workbench.session.state import ENDED, CheckpointRow, Intervention, MemoryUsage, SessionEvent, Snapshot, Status
 
-__all__ = ["SessionLike", "Status", "ENDED", "Snapshot", "SessionEvent", "CheckpointRow", "MemoryUsage"]
+__all__ = ["SessionLike", "Status", "ENDED", "Snapshot", "SessionEvent", "CheckpointRow", "MemoryUsage", "Intervention"]
 
 
 @runtime_checkable

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import collections
 import enum
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from workbench.records import CheckpointRow, MemoryUsage, edit_changes, is_timing_metric
 
-__all__ = ["Status", "ENDED", "Snapshot", "SessionEvent", "CheckpointRow", "MemoryUsage", "SeriesStore",
+__all__ = ["Status", "ENDED", "Snapshot", "SessionEvent", "CheckpointRow", "MemoryUsage", "Intervention", "SeriesStore",
            "is_timing_metric", "edit_changes"]
 
 
@@ -55,6 +56,45 @@ class SessionEvent:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Intervention:
+    """One step the guard acted on (a ``guard`` event, train/guard.py), as plain data.
+
+    ``kind``: "nonfinite" or "spike"; ``action``: skip, rollback, pause or stop;
+    ``value`` / ``threshold``: the step's loss and the spike bar (NaN/inf arrive as the
+    strings "nan"/"inf", as events.jsonl writes them, so snapshots stay comparable);
+    ``samples``: the dataset rows of the step over all ranks (empty when the data order is
+    not known); ``restored_step`` / ``skipped_samples``: a rollback's target step and how many
+    rows it jumped over (None otherwise).
+    """
+
+    step: int
+    kind: str
+    action: str
+    value: float | str | None = None
+    threshold: float | str | None = None
+    rank: int = 0
+    samples: tuple[int, ...] = ()
+    restored_step: int | None = None
+    skipped_samples: int | None = None
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> "Intervention":
+        """From a guard record or event (``skipped_sample_count`` gives ``skipped_samples``),
+        or from ``to_dict``'s output (extra keys are ignored)."""
+        skipped = record.get("skipped_samples")
+        if not isinstance(skipped, int) or isinstance(skipped, bool):
+            skipped = record.get("skipped_sample_count")
+        return cls(step=int(record["step"]), kind=str(record.get("kind", "")), action=str(record.get("action", "")),
+                   value=record.get("value"), threshold=record.get("threshold"), rank=int(record.get("rank", 0)),
+                   samples=tuple(int(i) for i in record.get("samples") or ()),
+                   restored_step=record.get("restored_step"), skipped_samples=skipped)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As a JSON-friendly dict (``from_record`` reads it back)."""
+        return {**asdict(self), "samples": list(self.samples)}
+
+
 Point = tuple[int, float]
 
 
@@ -78,6 +118,7 @@ class Snapshot:
     checkpoints: tuple[CheckpointRow, ...] = ()
     edits: tuple[dict[str, Any], ...] = ()
     guard_interventions: int = 0  # non-finite/spiking steps the guard acted on (train/guard.py)
+    interventions: tuple[Intervention, ...] = ()  # those steps, oldest first
     error: str | None = None  # "BoomError: ..." once the run failed
     traceback: str | None = None  # the failed run's formatted traceback (text, not an exception object)
     run_name: str | None = None

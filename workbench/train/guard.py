@@ -36,6 +36,7 @@ from workbench.train.args import ArgumentError
 
 __all__ = ["Guard", "GuardMonitor", "NONFINITE_ACTIONS", "SPIKE_ACTIONS", "GUARD_FIELDS"]
 
+DataOrder = Any  # annotations only: workbench.data.order is imported by the loop that sets it
 Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 NONFINITE_ACTIONS = ("off", "skip", "rollback", "pause", "stop")
@@ -122,6 +123,10 @@ class GuardMonitor:
     save and end points, which synchronize anyway) reads what happened and returns the new
     interventions.
     """
+
+    # Set by the loop: recomputes the dataset rows of a bad step (data/order.py), so a record
+    # names its samples at no per-step cost; None records positions only.
+    order: "DataOrder | None" = None
 
     def __init__(self, guard: Guard, optimizer: torch.optim.Optimizer, device: torch.device,
                  num_processes: int = 1, saved: dict[str, Any] | None = None, *,
@@ -243,10 +248,23 @@ class GuardMonitor:
             record = {"step": step, "rank": rank, "kind": kind, "value": _json_number(loss),
                       "threshold": _json_number(threshold), "action": action,
                       "epoch": epoch, "batches": [first, last]}
+            record.update(self.sample_ids(epoch, first, last))
             found.append(record)
         self._pending = []
         self.interventions.extend(found)
         return found
+
+    def sample_ids(self, epoch: int, first: int, last: int) -> dict[str, Any]:
+        """Record fields naming the dataset rows of micro-batches ``first..last`` of ``epoch``:
+        ``samples``, every rank's rows (rank 0's first), and with several ranks
+        ``samples_by_rank`` too; nothing when the data order is not known."""
+        per_rank = self.order.samples(epoch, first, last) if self.order is not None else None
+        if per_rank is None:
+            return {}
+        fields: dict[str, Any] = {"samples": [i for ids in per_rank for i in ids]}
+        if len(per_rank) > 1:
+            fields["samples_by_rank"] = per_rank
+        return fields
 
     def limit_reached(self) -> bool:
         limit = self.guard.max_interventions

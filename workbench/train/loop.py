@@ -122,6 +122,10 @@ class TrainingLoop:
         if guard is not None:
             self.guard = GuardMonitor(guard, trainer.optimizer, acc.device, acc.num_processes,
                                       allow_found_inf=self._clip_plain)
+            from workbench.data.order import DataOrder
+
+            # The rows of a bad step are recomputed when one is recorded, never per step.
+            self.guard.order = DataOrder(loader, len(loader) if has_length(loader) else None)
         # Rollback's ring of in-memory snapshots (None unless an action is rollback).
         self.snapshots = None
         self._restart: tuple[int, int] | None = None  # set by a rollback: where the data resumes

@@ -23,7 +23,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("workbench")
 
-__all__ = ["roll_back", "advance"]
+__all__ = ["roll_back", "advance", "MAX_LISTED_SAMPLES"]
+
+# A rollback's skipped rows are listed up to this many (events.jsonl lines stay readable);
+# past it the record keeps the batch range and the count.
+MAX_LISTED_SAMPLES = 4096
 
 Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
@@ -75,6 +79,7 @@ def roll_back(trainer: "Trainer", monitor: "GuardMonitor", ring: "SnapshotRing |
     record.update(restored_step=step, source=source, skipped_from=list(start),
                   skipped_to=list(advance(start, skipped - 1, batches_per_epoch)) if skipped > 0 else None,
                   skipped_batches=skipped)
+    record.update(_skipped_samples(monitor, start, skipped))
     if guard.lr_backoff is not None and guard.lr_backoff != 1:
         from workbench.train.edits import apply_edit
 
@@ -84,6 +89,17 @@ def roll_back(trainer: "Trainer", monitor: "GuardMonitor", ring: "SnapshotRing |
         trainer.state.live_edits.append({"step": step, "time": time.time(), "lr_scale": value})
         record["lr_scale"] = value
     return resume
+
+
+def _skipped_samples(monitor: "GuardMonitor", start: tuple[int, int], count: int) -> dict[str, Any]:
+    """The dataset rows of the ``count`` micro-batches the rollback jumped over (every rank's):
+    ``skipped_sample_count``, and ``skipped_samples`` unless there are more than
+    MAX_LISTED_SAMPLES (then the batch range and the count stand for them)."""
+    per_rank = monitor.order.span(start, count) if monitor.order is not None and count > 0 else None
+    if per_rank is None:
+        return {}
+    ids = [i for rank_ids in per_rank for i in rank_ids]
+    return {"skipped_samples": ids if len(ids) <= MAX_LISTED_SAMPLES else None, "skipped_sample_count": len(ids)}
 
 
 def _from_disk(trainer: "Trainer", monitor: "GuardMonitor", bad_step: int,
