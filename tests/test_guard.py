@@ -306,6 +306,23 @@ def test_session_pauses_on_the_guard_and_counts_interventions(tmp_path):
     assert all(torch.isfinite(w).all() for w in weights(trainer))
 
 
+def test_a_snapshot_lists_the_newest_interventions_and_counts_all(tmp_path):
+    from workbench import Session
+    from workbench.session.state import SNAPSHOT_INTERVENTIONS
+
+    data = Poisoned(nan_ids=range(N))  # every step is non-finite: one intervention a step
+    steps = SNAPSHOT_INTERVENTIONS + 14
+    trainer = Trainer(model=Regression(), train_dataset=data,
+                      args=make_args(tmp_path / "s", max_steps=steps, per_device_train_batch_size=BATCH,
+                                     learning_rate=0.05, seed=3, logging_steps=50))
+    session = Session(trainer, guard=Guard(nonfinite="skip"), control=False)
+    assert session.start().wait(120) == "finished"
+    snap = session.snapshot()
+    assert snap.guard_interventions == steps
+    assert [i.step for i in snap.interventions] == list(range(steps - SNAPSHOT_INTERVENTIONS + 1, steps + 1))
+    assert all(torch.isfinite(w).all() for w in weights(trainer))
+
+
 def test_no_host_syncs_on_non_logging_steps_with_the_guard_on(tmp_path, monkeypatch):
     from test_session import SyncCounter, _sync_trainer
 

@@ -57,6 +57,7 @@ class DashboardScreen(Screen):
         self._backlog: list[tuple[str, str]] = []
         self._best: tuple[float | None, int | None] = (None, None)
         self._interventions: tuple = ()  # the guard's, as the charts and the table show them
+        self._intervention_total = 0  # how many the guard made in all (the snapshot lists the newest)
 
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header")
@@ -112,7 +113,7 @@ class DashboardScreen(Screen):
         self.query_one(MemoryPanel).show(snapshot.memory, frozen)
         interventions = getattr(snapshot, "interventions", ())
         if interventions != self._interventions:
-            self._show_interventions(interventions)
+            self._show_interventions(interventions, snapshot.guard_interventions)
         if snapshot.series is not self._series and snapshot.series is not self._pending:
             self._pending = snapshot.series
             wait = CHART_INTERVAL - (time.monotonic() - self._chart_at)
@@ -123,12 +124,14 @@ class DashboardScreen(Screen):
                 # (a paused run publishes one snapshot after an evaluation, then none).
                 self._chart_timer = self.set_timer(wait, self._flush_charts)
 
-    def _show_interventions(self, interventions: tuple) -> None:
+    def _show_interventions(self, interventions: tuple, total: int) -> None:
         """List the guard's interventions, log the new ones and mark them on the loss chart
-        (at once: a few a run, each worth seeing before the next chart interval)."""
-        for item in interventions[len(self._interventions):]:
+        (at once: a few a run, each worth seeing before the next chart interval). The
+        snapshot lists the newest only; ``total`` counts all, so the new ones are known."""
+        new = max(0, total - self._intervention_total) if total else len(interventions) - len(self._interventions)
+        for item in interventions[max(0, len(interventions) - new):]:
             self.log_line(*describe_intervention(item))
-        self._interventions = interventions
+        self._interventions, self._intervention_total = interventions, total
         table = self.query_one(GuardTable)
         table.show(interventions)
         if table.display != bool(interventions):

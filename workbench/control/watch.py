@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.control.discovery import NoLiveRun
-from workbench.session.state import CheckpointRow, Intervention, MemoryUsage, SeriesStore, SessionEvent, Snapshot, Status
+from workbench.session.state import (
+    SNAPSHOT_INTERVENTIONS, CheckpointRow, Intervention, MemoryUsage, SeriesStore, SessionEvent, Snapshot, Status)
 
 __all__ = ["RecordedRun", "ReadOnly", "open_watch"]
 
@@ -131,7 +132,8 @@ class RecordedRun(_Refusing):
         elapsed = float(last - first) if isinstance(first, (int, float)) and isinstance(last, (int, float)) else 0.0
         return Snapshot(status=status, step=step, max_steps=max_steps, elapsed=elapsed, series=series.frozen(),
                         checkpoints=tuple(self._rows), edits=tuple(edits), error=error,
-                        interventions=tuple(interventions), guard_interventions=len(interventions), run_name=run_name,
+                        interventions=tuple(interventions[-SNAPSHOT_INTERVENTIONS:]),
+                        guard_interventions=len(interventions), run_name=run_name,
                         output_dir=str(self.output_dir), updated=float(last or 0.0))
 
     @property

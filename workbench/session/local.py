@@ -28,7 +28,7 @@ from workbench.exit_codes import run_exit_code
 from workbench.train.callbacks import TrainerCallback
 from workbench.session.events import EventHub
 from workbench.session.rank_pause import hold_ranks_paused
-from workbench.session.state import (ENDED, CheckpointRow, Intervention, MemoryUsage, SeriesStore, SessionEvent,
+from workbench.session.state import (ENDED, SNAPSHOT_INTERVENTIONS, CheckpointRow, Intervention, MemoryUsage, SeriesStore, SessionEvent,
                                      Snapshot, Status)
 from workbench.train.edits import (
     apply_edit, check_reason, evaluate_between_steps, save_between_steps, validate_edits)
@@ -121,6 +121,7 @@ class Session:
         self._lock = threading.RLock()
         self._pause_requested = threading.Event()
         self._blocked = False  # the worker is waiting at a step boundary (guarded by _lock)
+        self._interventions_cache: tuple[Any, tuple[Intervention, ...]] | None = None
         self._ended = threading.Event()  # set by the worker when the run is over
         self._unpaused = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
@@ -838,9 +839,11 @@ class Session:
         records = (state.guard or {}).get("interventions", ())
         # Records are only appended (a rollback fills its own in before it is published).
         key = (len(records), records[-1].get("step"), records[-1].get("restored_step")) if records else (0,)
-        cached = self.__dict__.get("_interventions_cache")
+        cached = self._interventions_cache
         if cached is None or cached[0] != key:
-            cached = self._interventions_cache = (key, tuple(Intervention.from_record(r) for r in records))
+            # The newest only: every poll of every client carries them (guard_interventions counts all).
+            newest = records[-SNAPSHOT_INTERVENTIONS:]
+            cached = self._interventions_cache = (key, tuple(Intervention.from_record(r) for r in newest))
         return cached[1]
 
     def _publish_locked(self) -> None:

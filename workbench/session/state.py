@@ -17,7 +17,7 @@ from typing import Any
 
 from workbench.records import CheckpointRow, MemoryUsage, edit_changes, is_timing_metric
 
-__all__ = ["Status", "ENDED", "Snapshot", "SessionEvent", "CheckpointRow", "MemoryUsage", "Intervention", "SeriesStore",
+__all__ = ["Status", "ENDED", "Snapshot", "SessionEvent", "CheckpointRow", "MemoryUsage", "Intervention", "SNAPSHOT_INTERVENTIONS", "SeriesStore",
            "is_timing_metric", "edit_changes"]
 
 
@@ -97,6 +97,10 @@ class Intervention:
 
 Point = tuple[int, float]
 
+# A snapshot lists at most this many interventions (the newest): every poll of every client
+# carries the list, and a run without max_interventions may pile up thousands.
+SNAPSHOT_INTERVENTIONS = 256
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -118,7 +122,7 @@ class Snapshot:
     checkpoints: tuple[CheckpointRow, ...] = ()
     edits: tuple[dict[str, Any], ...] = ()
     guard_interventions: int = 0  # non-finite/spiking steps the guard acted on (train/guard.py)
-    interventions: tuple[Intervention, ...] = ()  # those steps, oldest first
+    interventions: tuple[Intervention, ...] = ()  # the newest SNAPSHOT_INTERVENTIONS of them, oldest first
     error: str | None = None  # "BoomError: ..." once the run failed
     traceback: str | None = None  # the failed run's formatted traceback (text, not an exception object)
     run_name: str | None = None
