@@ -24,6 +24,12 @@ from test_session_door import Slow, make_session, make_trainer, wait_for  # noqa
 ENDED = (Status.FINISHED, Status.STOPPED, Status.FAILED)
 
 
+def restarted(remote) -> bool:
+    """Whether the run the client is attached to has started again after a resume_from."""
+    kinds = [e.kind for e in remote.events_since(0)[0]]
+    return "resume_from" in kinds and kinds[kinds.index("resume_from"):][:2] == ["resume_from", "started"]
+
+
 class ControlFileSeen(TrainerCallback):
     """Records, at every step end, whether the run's control.json exists."""
 
@@ -65,6 +71,10 @@ def test_a_plain_trainer_with_control_on_is_steered_remotely(tmp_path):
         assert path == out / f"checkpoint-{step}" and (path / "manifest.json").is_file()
         assert remote.resume() == Status.RUNNING
         wait_for(lambda: trainer.state.global_step > step + 3, "the run to go on after resume")
+        with pytest.raises(RuntimeError, match="Trainer.train"):  # this call trains its own Trainer only
+            remote.branch(path.name, str(tmp_path / "b"))
+        remote.resume_from(path.name)  # restarted inside the same train() call
+        wait_for(lambda: restarted(remote) and trainer.state.global_step > step + 3, "the restarted run to go on")
         remote.stop(save=False)
         worker.join(60)
     finally:
@@ -147,7 +157,7 @@ def test_remote_resume_from_restarts_a_live_run_and_an_ended_one_keeps_serving(t
         remote.resume_from(name, output_dir=str(tmp_path / "elsewhere"))
     assert session.status not in ENDED
     assert remote.resume_from(name, save_steps=7) is remote
-    wait_for(lambda: session.status == Status.RUNNING and session.trainer.state.global_step >= step, "restart")
+    wait_for(lambda: restarted(remote), "the run to start again from the checkpoint")
     assert session.trainer.args.save_steps == 7
     assert read_control(out)["socket"] == socket_before  # the same endpoint, the same Session
     kinds = [e.kind for e in remote.events_since(0)[0]]
@@ -217,12 +227,7 @@ def test_ctl_resume_from_and_branch_keep_a_headless_run_going(tmp_path):
         assert resumed.returncode == 0, resumed.stderr
         assert run.poll() is None  # the process restarted the run instead of exiting
         remote = attach(out)
-
-        def restarted() -> bool:
-            kinds = [e.kind for e in remote.events_since(0)[0]]
-            return "resume_from" in kinds and kinds[kinds.index("resume_from"):][:2] == ["resume_from", "started"]
-
-        wait_for(restarted, "the run to start again from the checkpoint")
+        wait_for(lambda: restarted(remote), "the run to start again from the checkpoint")
         remote.close()
         branched = workbench("ctl", out, "checkpoints", "branch", name, "low-lr", "learning_rate=1e-3", "--json",
                              cwd=tmp_path)

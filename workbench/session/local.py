@@ -125,6 +125,8 @@ class Session:
         self._followup: tuple[Any, Future] | None = None  # what the worker does once this run ends
         self.successor: "Session | None" = None  # the branch a remote branch started from this run
         self._train_kwargs = dict(train_kwargs or {})
+        # False for a Trainer.train() call (session/served.py): it trains its own Trainer only.
+        self.branches_here = True
         self.train_output: Any = None  # train()'s TrainOutput, once a run has finished
         self._resume = resume_from_checkpoint
         self.origin = origin  # where a branched run came from
@@ -523,6 +525,9 @@ class Session:
         Future that resolves to the branch's Session once its endpoint serves."""
         self._require_main("branch")
         self._require_single("branch")
+        if not self.branches_here:
+            raise RuntimeError("branch: this run is a Trainer.train() call, which trains its own Trainer only; "
+                               "branch from a Session or a workbench run, or resume_from here")
         overrides = self.check_branch(checkpoint, output_dir, **overrides)
 
         def start_branch() -> "Session":

@@ -27,6 +27,7 @@ def train_with_control(trainer: "Trainer", resume_from_checkpoint: str | bool | 
     session = Session(trainer, resume_from_checkpoint=resume_from_checkpoint, control=True,
                       control_port=trainer.args.control_port, control_host=trainer.args.control_host,
                       train_kwargs={"trial": trial, "ignore_keys_for_eval": ignore_keys_for_eval})
+    session.branches_here = False  # a remote branch would make this call train another Trainer
     # A guard's pause keeps the plain Trainer's meaning (stop with a checkpoint): no one may
     # be attached to resume it.
     trainer.guard_pause = guard_pause
