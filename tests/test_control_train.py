@@ -305,3 +305,18 @@ def test_a_two_process_trainer_with_control_on_is_steered_from_rank_0(tmp_path):
     assert ranks[0]["global_step"] == ranks[1]["global_step"] > step  # both stopped at the same step
     assert ranks[0]["lr_edits"] == ranks[1]["lr_edits"] == [3e-3]  # the edit reached rank 1 too
     assert not (out / CONTROL_FILE).exists()
+
+
+def test_an_ended_session_serves_until_dropped_and_then_frees_its_model(tmp_path):
+    import gc
+    import weakref
+
+    out = tmp_path / "run"
+    session = make_session(out, max_steps=3)
+    assert session.start().wait(60) == Status.FINISHED
+    assert attach(out).status == Status.FINISHED  # still served after the run ended
+    model = weakref.ref(session.model)
+    del session
+    gc.collect()
+    wait_for(lambda: not (out / CONTROL_FILE).exists(), "the endpoint of a dropped Session to close")
+    assert model() is None  # the endpoint kept neither the Session nor its model alive

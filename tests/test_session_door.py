@@ -92,6 +92,7 @@ def sessions():
             s.wait(timeout=DEADLINE)
         except Exception:  # noqa: BLE001 - the test's own assertions are what matter
             pass
+        s.close()  # an ended Session serves until closed
 
 
 def finished_run(out: Path, sessions: list, **kwargs) -> Session:

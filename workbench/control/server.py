@@ -149,7 +149,11 @@ class ControlServer:
         with _SERVING_LOCK:
             older = [s for s in _SERVING if s is not self and s.info.get("output_dir") == output_dir]
         for server in older:
-            if server.session.status in ENDED:
+            try:
+                ended = server.session.status in ENDED
+            except ReferenceError:  # its Session is gone (its own close is on the way)
+                ended = True
+            if ended:
                 server.close(grace=0.2)
 
     def close(self, grace: float = 1.0) -> None:

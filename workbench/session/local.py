@@ -18,6 +18,7 @@ import queue
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -233,7 +234,8 @@ class Session:
         """Stop serving the control endpoint (control.json and the socket go). A run still
         going goes on without it (stop() ends a run). A Session started with start() keeps
         serving after its run has ended, so it can still be read, resumed from or branched
-        from remotely, until close() or the process exits."""
+        from remotely, until close(), until it is garbage-collected (the endpoint holds it
+        weakly) or the process exits."""
         self._stop_control()
 
     def detach(self) -> None:
@@ -253,7 +255,11 @@ class Session:
             return
         from workbench.control.server import ControlServer
 
-        server = ControlServer(self, self.trainer.args.output_dir, port=self.control_port, host=self.control_host)
+        # The server holds this Session weakly, and a Session dropped after its run (a notebook
+        # variable reassigned) closes its endpoint when collected: serving an ended run must
+        # never keep its model and optimizer state in memory.
+        server = ControlServer(weakref.proxy(self), self.trainer.args.output_dir, port=self.control_port,
+                               host=self.control_host)
         try:
             server.start()
         except (OSError, ValueError) as exc:
@@ -262,10 +268,12 @@ class Session:
             logging.getLogger("workbench").warning("control endpoint not started: %s", exc)
             return
         self._server = server
+        self._server_closer = weakref.finalize(self, server.close, 0.2)
 
     def _stop_control(self) -> None:
         server, self._server = self._server, None
         if server is not None:
+            self._server_closer.detach()
             server.close()
 
     def _work(self) -> None:
