@@ -249,6 +249,8 @@ def test_ctl_resume_from_and_branch_keep_a_headless_run_going(tmp_path):
 _TWO_RANK_SCRIPT = """
 import json, sys, time
 from workbench import Trainer, TrainingArguments, TrainerCallback
+from workbench.data.builtin import load_builtin_data
+from workbench.models.mlp import MLPClassifier
 
 class Slow(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
