@@ -39,15 +39,20 @@ def _one_torch_thread():
 
 @pytest.fixture
 def sessions():
+    """Sessions a test started (and the branches they handed over to): stopped, waited for, closed."""
     made = []
     yield made
-    for s in made:
+    while made:
+        s = made.pop(0)
+        if getattr(s, "successor", None) is not None:
+            made.append(s.successor)
         if s.status not in (Status.FINISHED, Status.STOPPED, Status.FAILED, Status.IDLE):
             s.stop(save=False)
         try:
             s.wait(60)
         except BaseException:  # noqa: BLE001 - cleanup only
             pass
+        s.close()
 
 
 def running(out: Path, sessions: list, **kwargs):
@@ -140,9 +145,10 @@ def test_remote_session_steers_like_a_local_one(tmp_path, sessions):
     assert {"paused", "edited", "saved", "evaluated", "resumed"} <= set(kinds)
     assert remote.stop(save=False) in (Status.STOPPING, Status.STOPPED)
     assert session.wait(60) == Status.STOPPED
-    # The endpoint goes with the run; the client says the run has ended.
+    # A Session started with start() serves its ended run until close(); the client says it has ended.
+    assert remote.status == Status.STOPPED and attach(out).status == Status.STOPPED
+    session.close()
     assert not (out / CONTROL_FILE).exists() and not Path(info["socket"]).exists()
-    assert remote.status in (Status.STOPPED, Status.FINISHED)
     with pytest.raises(NoLiveRun, match="no live run"):
         attach(out)
 
@@ -290,6 +296,8 @@ def test_watch_rebuilds_an_ended_run_from_its_files(tmp_path, sessions):
     sessions.append(session.start())
     assert session.wait(120) == Status.FINISHED
     session_edits = len(session.snapshot().edits)
+    assert not isinstance(open_watch(out), RecordedRun)  # the ended run still serves: watched live
+    session.close()
     watched = open_watch(out)  # nothing answers any more: the recording
     assert isinstance(watched, RecordedRun) and isinstance(watched, SessionLike)
     snap = watched.snapshot()
@@ -512,6 +520,7 @@ def test_a_client_hears_how_the_run_ended_and_follows_its_restart(tmp_path, sess
     started = remote.info["started"]
     first.stop(save=True)
     assert first.wait(60) == Status.STOPPED
+    first.close()  # a start()ed Session serves its ended run until closed
     wait_for(lambda: not (out / CONTROL_FILE).exists(), "the endpoint to close")
     step = first.snapshot().step
     last = first.events_since(0)[0][-1]  # what a client still connected hears last

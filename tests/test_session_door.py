@@ -62,6 +62,11 @@ class Slow(TrainerCallback):
 
 
 def make_session(out: Path, callbacks=(), compute_metrics=None, **kwargs) -> Session:
+    return Session(make_trainer(out, callbacks, compute_metrics, **kwargs))
+
+
+def make_trainer(out: Path, callbacks=(), compute_metrics=None, **kwargs) -> Trainer:
+    """The tiny real Trainer the Session tests steer (an MLP on random classes; runs until stopped)."""
     train, evals = load_builtin_data("random-classification", n_train=256, n_eval=32, in_features=8,
                                      num_classes=3, seed=1)
     settings = dict(max_steps=100_000, per_device_train_batch_size=8, per_device_eval_batch_size=16,
@@ -69,10 +74,9 @@ def make_session(out: Path, callbacks=(), compute_metrics=None, **kwargs) -> Ses
                     report_to="none", seed=0)
     settings.update(kwargs)
     torch.manual_seed(0)
-    trainer = Trainer(model=MLPClassifier(in_features=8, hidden=16, num_classes=3),
-                      args=TrainingArguments(str(out), **settings), train_dataset=train, eval_dataset=evals,
-                      compute_metrics=compute_metrics, callbacks=list(callbacks))
-    return Session(trainer)
+    return Trainer(model=MLPClassifier(in_features=8, hidden=16, num_classes=3),
+                   args=TrainingArguments(str(out), **settings), train_dataset=train, eval_dataset=evals,
+                   compute_metrics=compute_metrics, callbacks=list(callbacks))
 
 
 @pytest.fixture
@@ -88,6 +92,7 @@ def sessions():
             s.wait(timeout=DEADLINE)
         except Exception:  # noqa: BLE001 - the test's own assertions are what matter
             pass
+        s.close()  # an ended Session serves until closed
 
 
 def finished_run(out: Path, sessions: list, **kwargs) -> Session:

@@ -45,6 +45,24 @@ _EXPORTS = {
 __all__ = [*_EXPORTS, "__version__"]
 
 
+def _train_with_control(trainer: Any, **train_kwargs: Any) -> Any:
+    """Trainer.train() with ``control = true``: the session layer trains it and serves the endpoint."""
+    from workbench.session.served import train_with_control
+
+    return train_with_control(trainer, **train_kwargs)
+
+
+def _register_control_runner() -> None:
+    # The core offers a slot (workbench/serving.py) and never imports the session layer; this
+    # package file runs before any workbench.* module is imported, so every Trainer sees it.
+    from workbench.serving import register_control_runner
+
+    register_control_runner(_train_with_control)
+
+
+_register_control_runner()
+
+
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:

@@ -63,10 +63,13 @@ def _parser() -> argparse.ArgumentParser:
     ctl = sub.add_parser("ctl", help="steer a live run: status, pause, resume, save, eval, stop, set, checkpoints")
     ctl.add_argument("target", metavar="OUTDIR|HOST:PORT")
     ctl.add_argument("action", metavar="COMMAND")
-    ctl.add_argument("values", nargs="*", metavar="ARGS", help="set: KEY=VALUE ...")
+    ctl.add_argument("values", nargs="*", metavar="ARGS",
+                     help="set: KEY=VALUE ...; checkpoints: list, delete NAME, resume_from NAME [KEY=VALUE ...], "
+                          "branch NAME NEWDIR [KEY=VALUE ...]")
     ctl.add_argument("--json", action="store_true", help="print the reply as JSON")
     ctl.add_argument("--wait", action="store_true", help="pause: return once the run is paused")
-    ctl.add_argument("--no-save", action="store_true", help="stop: without the final checkpoint")
+    ctl.add_argument("--no-save", action="store_true",
+                     help="stop, checkpoints branch: stop the run without its final checkpoint")
     ctl.add_argument("--token", default=None, help="the TCP endpoint's token (read from control.json for an OUTDIR)")
     ctl.add_argument("--reason", default=None, metavar="TEXT",
                      help="set: why (kept with the edit in events.jsonl and the next checkpoint)")
@@ -387,27 +390,38 @@ def _train(ns: argparse.Namespace, run, resume: object) -> int:
         write_resolved_config(run, output_dir)
     if main_rank and not ns.headless and sys.stdout.isatty():
         return _run_dashboard(ns, trainer, resume, output_dir)
-    request = trainer.stop_request
+    session = None
+    if main_rank and not ns.no_control and trainer.args.control is not False:
+        # Rank 0 trains through a Session in this (main) thread, so the run serves its
+        # control endpoint (workbench ctl / attach); the other ranks follow its decisions.
+        from workbench.session.local import Session
+
+        session = Session(trainer, resume_from_checkpoint=resume, control=True, control_port=ns.control_port,
+                          control_host=ns.control_host)
+    elif ns.no_control:
+        trainer.args.control = False  # --no-control wins over the config's control = true
+
+    def current():
+        """The Trainer this process trains now: a remote branch hands the process to its run."""
+        run = session
+        while run is not None and run.successor is not None:
+            run = run.successor
+        return run.trainer if run is not None else trainer
 
     def abort(signum: int) -> None:
         # A second Ctrl-C: stop now, without waiting for the save. Under a plain
         # `accelerate launch` every rank gets the terminal's SIGINT and then the launcher's
         # copy a moment later; that echo is not a second press.
-        if trainer.accelerator.num_processes > 1 and time.monotonic() - (request.set_at or 0) < 2.0:
+        if trainer.accelerator.num_processes > 1 and time.monotonic() - (current().stop_request.set_at or 0) < 2.0:
             return
         raise KeyboardInterrupt
 
     # Ctrl-C asks for the same save-and-stop as SIGTERM; the Trainer routes SIGTERM itself
     # when enable_jit_checkpoint is set (schedulers then see 143, "preempted").
-    restore = install_stop_handlers(request, [signal.SIGINT], on_repeat=abort)
+    restore = install_stop_handlers(_CurrentStop(current), [signal.SIGINT], on_repeat=abort)
     try:
-        if main_rank and not ns.no_control:
-            # Rank 0 trains through a Session in this (main) thread, so the run serves its
-            # control endpoint (workbench ctl / attach); the other ranks follow its decisions.
-            from workbench.session.local import Session
-
-            Session(trainer, resume_from_checkpoint=resume, control=True, control_port=ns.control_port,
-                    control_host=ns.control_host).run()
+        if session is not None:
+            session.run()
         else:
             trainer.train(resume_from_checkpoint=resume)
     except KeyboardInterrupt:
@@ -415,10 +429,15 @@ def _train(ns: argparse.Namespace, run, resume: object) -> int:
         return EXIT_INTERRUPTED
     except Exception:
         traceback.print_exc()
-        print(f"workbench: training failed; details in {output_dir / 'events.jsonl'}", file=sys.stderr)
+        print(f"workbench: training failed; details in {Path(current().args.output_dir) / 'events.jsonl'}",
+              file=sys.stderr)
         return EXIT_FAILED
     finally:
         restore()
+    if current() is not trainer:  # the run was branched: report on the branch
+        trainer = current()
+        output_dir = Path(trainer.args.output_dir)
+    request = trainer.stop_request
     step = trainer.state.global_step
     reason = trainer.stop_decision.reason  # with several ranks: whichever rank was signalled
     say = print if main_rank else (lambda *a, **k: None)
@@ -435,6 +454,18 @@ def _train(ns: argparse.Namespace, run, resume: object) -> int:
     return run_exit_code("stopped" if reason else "finished", reason, saved=request.save)
 
 
+class _CurrentStop:
+    """The stop request of the run this process trains now, for the signal handler (a remote
+    branch replaces the run, and Ctrl-C must stop the branch)."""
+
+    def __init__(self, current) -> None:
+        self._current = current
+
+    def set(self, reason: str, save: bool = True) -> bool:
+        """Request a stop of the current run (False when one was already requested)."""
+        return self._current().stop_request.set(reason, save)
+
+
 def _run_dashboard(ns: argparse.Namespace, trainer, resume: object, output_dir: Path) -> int:
     """The dashboard path: a Session trains in its thread while the app owns the terminal.
 
@@ -449,7 +480,8 @@ def _run_dashboard(ns: argparse.Namespace, trainer, resume: object, output_dir: 
 
     for printer in (ProgressCallback, PrinterCallback):  # the dashboard shows progress; prints would tear it
         trainer.remove_callback(printer)
-    session = Session(trainer, resume_from_checkpoint=resume, control=not ns.no_control,
+    serve = not ns.no_control and trainer.args.control is not False  # as headless: on unless turned off
+    session = Session(trainer, resume_from_checkpoint=resume, control=serve,
                       control_port=ns.control_port, control_host=ns.control_host)
     outcome = run_dashboard(session)
     if outcome != "aborted":  # a second ctrl+c means: do not wait for the save
@@ -457,6 +489,15 @@ def _run_dashboard(ns: argparse.Namespace, trainer, resume: object, output_dir: 
             session.wait()
         except BaseException:  # noqa: BLE001 - reported below from session.error
             pass
+        branch = session.successor
+        while branch is not None:  # a remote `checkpoints branch` handed this process to a new run
+            print(f"workbench: training the branch in {branch.trainer.args.output_dir} until it ends "
+                  f"(workbench attach {branch.trainer.args.output_dir})", file=sys.stderr)
+            try:
+                branch.wait()
+            except BaseException:  # noqa: BLE001 - the branch's own events.jsonl has it
+                pass
+            branch = branch.successor
     step = session.snapshot().step
     if outcome == "failed" or session.error is not None:
         error = session.error

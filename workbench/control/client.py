@@ -29,6 +29,9 @@ _ERRORS = {"ValueError": ValueError, "KeyError": ValueError, "TypeError": ValueE
            "PermissionError": PermissionError}
 
 
+MAX_RESTART_S = 120.0  # how long resume_from / branch wait for a live run to stop and the next to start
+
+
 class RemoteError(RuntimeError):
     """The server refused the message itself (protocol error, internal error)."""
 
@@ -407,8 +410,12 @@ class RemoteSession:
     def delete_checkpoint(self, name: str) -> None:
         self._call("checkpoints", action="delete", name=name)
 
-    def resume_from(self, checkpoint: str | Path) -> "RemoteSession":
-        self._call("checkpoints", action="resume_from", checkpoint=str(checkpoint))
+    def resume_from(self, checkpoint: str | Path, **overrides: Any) -> "RemoteSession":
+        """Restart the run from ``checkpoint`` (a name in its output_dir, or a path there), in
+        its own process: a live run is stopped without saving first. Returns once the new run
+        has started; this client stays attached (the endpoint is the same)."""
+        self._call("checkpoints", _wait=MAX_RESTART_S + 5.0, action="resume_from", checkpoint=str(checkpoint),
+                   overrides=overrides, timeout=MAX_RESTART_S)
         return self
 
     def parse_overrides(self, text: str | Mapping[str, str]) -> dict[str, Any]:
@@ -417,9 +424,16 @@ class RemoteSession:
     def check_branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> dict[str, Any]:
         return self._call("check_branch", checkpoint=str(checkpoint), output_dir=str(output_dir), overrides=overrides)
 
-    def branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> "RemoteSession":
-        self._call("checkpoints", action="branch", checkpoint=str(checkpoint), output_dir=str(output_dir))
-        return self
+    def branch(self, checkpoint: str | Path, output_dir: str | Path, save: bool = True,
+               **overrides: Any) -> "RemoteSession":
+        """Start a branch from ``checkpoint`` into ``output_dir`` (a path as the run's process
+        sees it) in the run's process, and return a client attached to it. A live run is
+        stopped first, with a checkpoint unless ``save=False``."""
+        reply = self._call("checkpoints", _wait=MAX_RESTART_S + 5.0, action="branch", checkpoint=str(checkpoint),
+                           output_dir=str(output_dir), overrides=overrides, save=save, timeout=MAX_RESTART_S)
+        if not reply.get("control"):
+            raise RemoteError(f"the branch in {reply.get('output_dir')} serves no control endpoint")
+        return RemoteSession(reply["control"], timeout=self.timeout)
 
     def panel(self) -> Any:
         """The Jupyter panel on this remote run (needs ipywidgets)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from workbench.control.client import RemoteError, RemoteSession, attach
@@ -21,21 +22,52 @@ __all__ = ["run_ctl", "CTL_COMMANDS"]
 CTL_COMMANDS = ("status", "pause", "resume", "save", "eval", "stop", "set", "checkpoints")
 
 
-def _parse_pairs(values: list[str]) -> dict[str, str]:
+CHECKPOINT_USAGE = ("checkpoints [list | delete NAME | resume_from NAME [KEY=VALUE ...] | "
+                    "branch NAME NEWDIR [KEY=VALUE ...] [--no-save]]")
+
+
+def _parse_pairs(values: list[str], what: str = "set") -> dict[str, str]:
     """``KEY=VALUE`` words as typed (the run parses and checks the values)."""
     changes: dict[str, str] = {}
     for word in values:
         key, sep, value = word.partition("=")
         if not sep or not key.strip() or not value.strip():
-            raise ValueError(f"set: expected KEY=VALUE (e.g. learning_rate=1e-4), got {word!r}")
+            raise ValueError(f"{what}: expected KEY=VALUE (e.g. learning_rate=1e-4), got {word!r}")
         changes[key.strip()] = value.strip()
-    if not changes:
+    if not changes and what == "set":
         raise ValueError("set: give at least one KEY=VALUE, e.g. workbench ctl OUTDIR set learning_rate=1e-4")
     return changes
 
 
+def _checkpoints(session: RemoteSession, target: str, values: list[str], save: bool) -> Any:
+    """``checkpoints`` and its actions: list, delete, resume_from (restart this run from a
+    checkpoint, in its process) and branch (a new run from a checkpoint, in its process)."""
+    action, rest = (values[0], values[1:]) if values else ("list", [])
+    if action == "list" and not rest:
+        return [row.to_dict() for row in session.checkpoints]
+    if action == "delete" and len(rest) == 1:
+        session.delete_checkpoint(rest[0])
+        return {"deleted": rest[0]}
+    if action == "resume_from" and rest:
+        overrides = session.parse_overrides(_parse_pairs(rest[1:], "resume_from"))
+        session.resume_from(rest[0], **overrides)
+        return {"resumed_from": rest[0], "status": str(session.status)}
+    if action == "branch" and len(rest) >= 2:
+        output_dir = rest[1]
+        if Path(target).is_dir():  # same filesystem as the run: a folder as typed here
+            output_dir = str(Path(output_dir).resolve())
+        overrides = session.parse_overrides(_parse_pairs(rest[2:], "branch"))
+        child = session.branch(rest[0], output_dir, save=save, **overrides)
+        try:
+            return {"branched_from": rest[0], "output_dir": child.info.get("output_dir"),
+                    "status": str(child.status)}
+        finally:
+            child.close()
+    raise ValueError(f"usage: {CHECKPOINT_USAGE}")
+
+
 def _execute(session: RemoteSession, action: str, values: list[str], wait: bool, save: bool,
-             reason: str | None = None) -> Any:
+             reason: str | None = None, target: str = "") -> Any:
     if action == "status":
         return session._call("status")
     if action == "pause":
@@ -51,7 +83,7 @@ def _execute(session: RemoteSession, action: str, values: list[str], wait: bool,
     if action == "set":
         return {"applied": session.set(reason=reason, **_parse_pairs(values)).result()}
     if action == "checkpoints":
-        return [row.to_dict() for row in session.checkpoints]
+        return _checkpoints(session, target, values, save)
     raise ValueError(f"unknown command {action!r}; use one of: {', '.join(CTL_COMMANDS)}")
 
 
@@ -66,7 +98,7 @@ def _print(action: str, result: Any) -> None:
         if result.get("steps_per_second"):
             parts.append(f"{result['steps_per_second']:.2f} steps/s")
         print(f"{result.get('run_name') or 'run'}: " + ", ".join(parts))
-    elif action == "checkpoints":
+    elif action == "checkpoints" and isinstance(result, list):
         for row in result:
             state = "complete" if row["complete"] else "incomplete"
             print(f"{row['name']:<20} step {row['step']:>7} {state}{' *best' if row['best'] else ''}")
@@ -95,7 +127,7 @@ def run_ctl(target: str, action: str, values: list[str], as_json: bool = False, 
     if reason is not None and action != "set":
         print(f"workbench: ctl {action}: --reason goes with set only", file=sys.stderr)
         return EXIT_USAGE
-    if values and action != "set":
+    if values and action not in ("set", "checkpoints"):
         print(f"workbench: ctl {action}: takes no arguments (got {' '.join(values)})", file=sys.stderr)
         return EXIT_USAGE
     try:
@@ -107,7 +139,7 @@ def run_ctl(target: str, action: str, values: list[str], as_json: bool = False, 
         print(f"workbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        result = _execute(session, action, values, wait, save, reason)
+        result = _execute(session, action, values, wait, save, reason, target)
     except (NoLiveRun, OSError) as exc:
         print(f"workbench: {exc}", file=sys.stderr)
         return EXIT_NO_RUN
@@ -117,7 +149,7 @@ def run_ctl(target: str, action: str, values: list[str], as_json: bool = False, 
     finally:
         session.close()
     if as_json:
-        print(json.dumps(result, indent=None if action != "checkpoints" else 2, default=str))
+        print(json.dumps(result, indent=2 if isinstance(result, list) else None, default=str))
     else:
         _print(action, result)
     return EXIT_OK

@@ -108,15 +108,21 @@ def read_control(output_dir: str | os.PathLike) -> dict[str, Any]:
     return info
 
 
-def remove_control(output_dir: str | os.PathLike, pid: int | None = None) -> None:
-    """Remove control.json, but only this process's (a newer run may have replaced it)."""
+def remove_control(output_dir: str | os.PathLike, pid: int | None = None,
+                   endpoint: dict[str, Any] | None = None) -> None:
+    """Remove control.json, but only this process's (a newer run may have replaced it), and
+    with ``endpoint`` only if it still names that endpoint (a newer Session of this process
+    may serve the same output_dir)."""
     path = Path(output_dir) / CONTROL_FILE
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return
-    if pid is None or info.get("pid") == pid:
-        path.unlink(missing_ok=True)
+    if pid is not None and info.get("pid") != pid:
+        return
+    if endpoint is not None and any(info.get(k) != endpoint.get(k) for k in ("socket", "tcp", "started")):
+        return
+    path.unlink(missing_ok=True)
 
 
 def stale_reason(info: dict[str, Any]) -> str | None:

@@ -17,6 +17,7 @@ its own connection:
 
 from __future__ import annotations
 
+import atexit
 import hmac
 import logging
 import os
@@ -34,6 +35,7 @@ from workbench.control.protocol import (
     MAX_LINE, PROTOCOL_VERSION, ProtocolError, decode_request, downsample, encode, event_to_dict, reply_error,
     reply_ok, snapshot_to_dict)
 from workbench.session.protocol import SessionLike
+from workbench.session.state import ENDED
 
 __all__ = ["ControlServer", "MAX_CLIENTS", "SEND_TIMEOUT"]
 
@@ -43,6 +45,22 @@ MAX_CLIENTS = 32
 SEND_TIMEOUT = 10.0  # seconds a client may take to read a reply before it is dropped
 POLL_S = 0.1  # how often a subscribed connection looks for new events
 MAX_WAIT_S = 600.0  # the longest a request may wait for a queued command
+
+
+# Every endpoint this process serves: one that outlives its run (a Session started with
+# start()) is closed when a newer one serves the same output_dir, or at exit.
+_SERVING: set["ControlServer"] = set()
+_SERVING_LOCK = threading.Lock()
+
+
+def _close_all() -> None:
+    with _SERVING_LOCK:
+        servers = list(_SERVING)
+    for server in servers:
+        server.close(grace=0.2)
+
+
+atexit.register(_close_all)
 
 
 class _Refused(Exception):
@@ -118,14 +136,33 @@ class ControlServer:
         listener.settimeout(0.25)  # the accept loop notices close() this often
         self._listener = listener
         self.info = info
+        self._retire_ended(info["output_dir"])
         write_control(self.output_dir, info)
+        with _SERVING_LOCK:
+            _SERVING.add(self)
         self._accepter = threading.Thread(target=self._accept_loop, name="workbench-control", daemon=True)
         self._accepter.start()
         return info
 
+    def _retire_ended(self, output_dir: str) -> None:
+        """Close this process's endpoints on ``output_dir`` whose runs have ended: this one replaces them."""
+        with _SERVING_LOCK:
+            older = [s for s in _SERVING if s is not self and s.info.get("output_dir") == output_dir]
+        for server in older:
+            try:
+                ended = server.session.status in ENDED
+            except ReferenceError:  # its Session is gone (its own close is on the way)
+                ended = True
+            if ended:
+                server.close(grace=0.2)
+
     def close(self, grace: float = 1.0) -> None:
         """Stop serving: subscribed clients get the last events, then every connection closes;
         control.json and the socket file are removed."""
+        with _SERVING_LOCK:
+            if self not in _SERVING:
+                return  # closed already (or never started)
+            _SERVING.discard(self)
         with self._clients_lock:
             attached = any(t.is_alive() for t in self._clients)
         if attached:  # pollers (the dashboard polls at ~4 Hz) get to read the final snapshot
@@ -140,7 +177,7 @@ class ControlServer:
             thread.join(max(deadline - time.monotonic(), 0.0))
         if self._listener is not None:
             self._listener.close()
-        remove_control(self.output_dir, os.getpid())
+        remove_control(self.output_dir, os.getpid(), endpoint=self.info)
         if "socket" in self.info:
             Path(self.info["socket"]).unlink(missing_ok=True)
 
@@ -407,11 +444,62 @@ class ControlServer:
                 raise ValueError("checkpoints delete: expected a checkpoint name such as checkpoint-40")
             self._call(lambda: self.session.delete_checkpoint(name))
             return {"deleted": name}
-        if action in ("resume_from", "branch"):
-            # Both need the run to have ended, and an ended run serves no endpoint.
-            raise RuntimeError(f"checkpoints {action}: restart a run where it runs (workbench run --resume "
-                               "CHECKPOINT, with --set for changed arguments)")
-        raise ValueError(f"checkpoints: unknown action {action!r}; use list or delete")
+        if action == "resume_from":
+            return self._resume_from(args)
+        if action == "branch":
+            return self._branch(args)
+        raise ValueError(f"checkpoints: unknown action {action!r}; use list, delete, resume_from or branch")
+
+    def _checkpoint_path(self, args: dict, what: str) -> Path:
+        """The checkpoint a request names: a name in the run's output_dir, or a path there."""
+        name = args.get("checkpoint")
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"checkpoints {what}: expected a checkpoint name such as checkpoint-40 "
+                             "(see checkpoints list)")
+        path = Path(name)
+        return path if path.is_absolute() or len(path.parts) > 1 else self.output_dir / name
+
+    @staticmethod
+    def _overrides(args: dict, what: str) -> dict:
+        overrides = args.get("overrides") or {}
+        if not isinstance(overrides, dict):
+            raise ValueError(f"checkpoints {what}: overrides must be an object, e.g. {{\"learning_rate\": 1e-4}}")
+        return overrides
+
+    def _restartable(self, what: str) -> Callable[..., Any]:
+        method = getattr(self.session, "restart_from" if what == "resume_from" else "branch_from", None)
+        if method is None:
+            raise RuntimeError(f"checkpoints {what}: this run cannot be restarted remotely")
+        return method
+
+    def _resume_from(self, args: dict) -> dict:
+        """Restart the run from a checkpoint: a live run is stopped without saving first; the
+        endpoint stays (the same Session trains again)."""
+        path = self._checkpoint_path(args, "resume_from")
+        overrides = self._overrides(args, "resume_from")
+        restart = self._restartable("resume_from")
+        done, status = self._await(self._call(lambda: restart(path, **overrides)), args, "resume_from")
+        return {"checkpoint": path.name, "status": str(status)} if done else {"queued": True}
+
+    def _branch(self, args: dict) -> dict:
+        """Start a branch as a new run in the run's process (a live run is stopped first, saved
+        unless ``save`` is false); the reply names the branch's own endpoint."""
+        path = self._checkpoint_path(args, "branch")
+        output_dir = args.get("output_dir")
+        if not isinstance(output_dir, str):
+            raise ValueError("checkpoints branch: expected output_dir, the branch's own folder")
+        overrides = self._overrides(args, "branch")
+        save = _bool(args, "save", True)
+        branch = self._restartable("branch")
+        done, child = self._await(self._call(lambda: branch(path, output_dir, save=save, **overrides)), args,
+                                  "branch")
+        if not done:
+            return {"queued": True}
+        server = getattr(child, "_server", None)
+        endpoint = dict(server.info) if server is not None else None
+        return {"checkpoint": path.name, "output_dir": str(Path(child.trainer.args.output_dir).resolve()),
+                "control": endpoint,
+                "status": str(child.status)}
 
     def _check_branch(self, args: dict) -> dict:
         overrides = args.get("overrides") or {}

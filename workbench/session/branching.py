@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 
-__all__ = ["check_branch", "branch_trainer"]
+__all__ = ["check_branch", "check_resume_overrides", "branch_trainer"]
 
 Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
@@ -46,6 +46,28 @@ def check_branch(args: Any, step: int, output_dir: str | Path, overrides: dict[s
         dataclasses.replace(args, output_dir=str(output_dir), **checked)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"branch: {exc}") from None
+    return checked
+
+
+def check_resume_overrides(args: Any, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The overrides of a resume (``resume_from(checkpoint, **overrides)``), validated without
+    changing anything: only the arguments a resume compares (train/resume_args.py COMPARED),
+    with values TrainingArguments accepts. So a remote restart is refused before the run stops."""
+    from workbench.config.loader import check_training_overrides
+    from workbench.train.resume_args import COMPARED
+
+    try:
+        checked = check_training_overrides(overrides, args_cls=type(args))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"resume_from: {exc}") from None
+    unknown = sorted(set(checked) - set(COMPARED))
+    if unknown:
+        raise ValueError(f"resume_from: {', '.join(unknown)} cannot change on a resume; these can: "
+                         f"{', '.join(COMPARED)} (branch into a new folder for the others)")
+    try:
+        dataclasses.replace(args, **checked)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"resume_from: {exc}") from None
     return checked
 
 

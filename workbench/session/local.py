@@ -18,6 +18,7 @@ import queue
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -98,23 +99,38 @@ class Session:
 
     def __init__(self, trainer: "Trainer", resume_from_checkpoint: str | bool | None = None,
                  origin: dict[str, Any] | None = None, guard: Any = None, control: bool | None = None,
-                 control_port: int | None = None, control_host: str | None = None) -> None:
+                 control_port: int | None = None, control_host: str | None = None,
+                 train_kwargs: dict[str, Any] | None = None) -> None:
         self.trainer = trainer
+        trainer.control_owner = self  # this Session decides about the endpoint, not args.control
         if guard is not None:  # a Guard given here replaces the trainer's (train/guard.py)
             from workbench.train.guard import Guard
 
             if not isinstance(guard, Guard):
                 raise TypeError(f"guard: expected a workbench Guard, got {type(guard).__name__}")
             trainer.guard = guard
-        # The control endpoint (workbench.control): on unless control=False or
-        # WORKBENCH_CONTROL=0; a Unix socket, or TCP on control_port (loopback unless
-        # control_host names another address).
+        # The control endpoint (workbench.control): control=, else args.control when set, else on
+        # unless WORKBENCH_CONTROL=0; a Unix socket, or TCP on control_port (loopback unless
+        # control_host names another address). Same order for the port and host.
+        args = trainer.args
+        if control is None:
+            control = getattr(args, "control", None)
         if control is None:
             control = os.environ.get("WORKBENCH_CONTROL", "1").strip().lower() not in ("0", "false", "no", "off")
         self.control = control
-        self.control_port = control_port
-        self.control_host = control_host
+        self.control_port = control_port if control_port is not None else getattr(args, "control_port", None)
+        self.control_host = control_host if control_host is not None else getattr(args, "control_host", None)
         self._server: Any = None
+        # run() trains in the caller's thread and serves until it returns; start() serves
+        # until close() (or the process exits), so an ended run stays reachable.
+        self._in_caller = False
+        self._looping = False  # a run (or a chain of restarts) is under way (guarded by _lock)
+        self._followup: tuple[Any, Future] | None = None  # what the worker does once this run ends
+        self.successor: "Session | None" = None  # the branch a remote branch started from this run
+        self._train_kwargs = dict(train_kwargs or {})
+        # False for a Trainer.train() call (session/served.py): it trains its own Trainer only.
+        self.branches_here = True
+        self.train_output: Any = None  # train()'s TrainOutput, once a run has finished
         self._resume = resume_from_checkpoint
         self.origin = origin  # where a branched run came from
         self._commands: queue.Queue[_Command] = queue.Queue()
@@ -153,7 +169,8 @@ class Session:
             # max_interventions reached); with several processes it stops with a checkpoint,
             # the same decision on every rank.
             trainer.guard_pause = self.pause
-        trainer.add_callback(SessionCallback(self))
+        self._callback = SessionCallback(self)
+        trainer.add_callback(self._callback)
 
     # -- construction ----------------------------------------------------------------
 
@@ -182,6 +199,7 @@ class Session:
             self._ended.clear()
             self._set_status(Status.RUNNING)
             self._thread = threading.Thread(target=self._work, name="workbench-train", daemon=True)
+            self._in_caller, self._looping = False, True
             self._start_control()
             self._thread.start()
         return self
@@ -189,7 +207,13 @@ class Session:
     def run(self) -> Status:
         """Train in the calling thread until the run ends, serving the control endpoint
         meanwhile; re-raise the run's error (KeyboardInterrupt included). The headless CLI
-        uses it, so signals and Ctrl-C stay where they were: in the main thread."""
+        and ``Trainer.train()`` with ``control = true`` use it, so signals and Ctrl-C stay
+        where they were: in the main thread.
+
+        The endpoint lives as long as this call. A remote ``checkpoints resume_from`` restarts
+        the run here, in this thread; a remote ``branch`` ends this run and trains the branch
+        here (``successor``), which then serves its own endpoint: the status returned, and any
+        error raised, are the last run's."""
         with self._lock:
             if self._thread is not None and self._thread.is_alive():
                 raise RuntimeError("this session is already running; pause(), stop() or wait() for it")
@@ -197,11 +221,35 @@ class Session:
             self._ended.clear()
             self._set_status(Status.RUNNING)
             self._thread = threading.current_thread()
+            self._in_caller, self._looping = True, True
             self._start_control()
-        self._work()
+        try:
+            self._work()
+        finally:
+            self._stop_control()
+        if self.successor is not None:
+            return self.successor.run()
         if self._error is not None:
             raise self._error
         return self._status
+
+    def close(self) -> None:
+        """Stop serving the control endpoint (control.json and the socket go). A run still
+        going goes on without it (stop() ends a run). A Session started with start() keeps
+        serving after its run has ended, so it can still be read, resumed from or branched
+        from remotely, until close(), until it is garbage-collected (the endpoint holds it
+        weakly) or the process exits."""
+        self._stop_control()
+
+    def detach(self) -> None:
+        """Take this Session off its Trainer (its callback, its claim on the endpoint) and close
+        its endpoint; the Trainer trains as a plain Trainer again."""
+        self.close()
+        self.trainer.remove_callback(self._callback)
+        if self.trainer.control_owner is self:
+            self.trainer.control_owner = None
+        if self.trainer.guard_pause == self.pause:
+            self.trainer.guard_pause = None
 
     def _start_control(self) -> None:
         """Serve this run's control endpoint (rank 0 only); a failure to bind is a warning,
@@ -210,7 +258,11 @@ class Session:
             return
         from workbench.control.server import ControlServer
 
-        server = ControlServer(self, self.trainer.args.output_dir, port=self.control_port, host=self.control_host)
+        # The server holds this Session weakly, and a Session dropped after its run (a notebook
+        # variable reassigned) closes its endpoint when collected: serving an ended run must
+        # never keep its model and optimizer state in memory.
+        server = ControlServer(weakref.proxy(self), self.trainer.args.output_dir, port=self.control_port,
+                               host=self.control_host)
         try:
             server.start()
         except (OSError, ValueError) as exc:
@@ -219,15 +271,47 @@ class Session:
             logging.getLogger("workbench").warning("control endpoint not started: %s", exc)
             return
         self._server = server
+        self._server_closer = weakref.finalize(self, server.close, 0.2)
 
     def _stop_control(self) -> None:
         server, self._server = self._server, None
         if server is not None:
+            self._server_closer.detach()
             server.close()
 
     def _work(self) -> None:
+        """Train, then whatever a remote resume_from or branch asked to follow; then end."""
         try:
-            self.trainer.train(resume_from_checkpoint=self._resume)
+            while True:
+                self._train_once()
+                with self._lock:
+                    followup, self._followup = self._followup, None
+                    if followup is None:
+                        self._looping = False
+                        break
+                action, future = followup
+                if isinstance(self._error, (KeyboardInterrupt, SystemExit)):  # the user ended it all
+                    future.set_exception(RuntimeError(f"the run was interrupted ({type(self._error).__name__})"))
+                    with self._lock:
+                        self._looping = False
+                    break
+                try:
+                    future.set_result(action())
+                except BaseException as exc:  # noqa: BLE001 - reported to the remote caller
+                    future.set_exception(exc)
+                    with self._lock:
+                        self._looping = False
+                    break
+                if self.successor is not None:  # a branch: this Session's run is over
+                    with self._lock:
+                        self._looping = False
+                    break
+        finally:
+            self._ended.set()
+
+    def _train_once(self) -> None:
+        try:
+            self.train_output = self.trainer.train(resume_from_checkpoint=self._resume, **self._train_kwargs)
         except BaseException as exc:  # noqa: BLE001 - surfaced through status, snapshot and wait()
             self._error = exc
             self._traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -241,9 +325,6 @@ class Session:
         finally:
             self._fail_pending()
             self._publish()
-            # Attached clients get the last events before the endpoint and control.json go.
-            self._stop_control()
-            self._ended.set()
 
     def _outcome(self, status: Status, interrupted: bool = False) -> dict[str, Any]:
         """How the run ended, for its clients (the last event before the endpoint closes):
@@ -414,6 +495,10 @@ class Session:
         checkpoint's and applies the live-editable ones from the resume step, recorded.
         """
         self._require_not_running("resume_from")
+        self._prepare_resume(checkpoint, overrides)
+        return self.start()
+
+    def _prepare_resume(self, checkpoint: str | Path, overrides: dict[str, Any]) -> None:
         self._complete_checkpoint(checkpoint, "resume_from")
         if overrides:
             from workbench.train.resume_args import replace_arguments
@@ -422,7 +507,85 @@ class Session:
         self._resume = str(checkpoint)
         self._series = SeriesStore()
         self._emit("resume_from", checkpoint=str(checkpoint))
-        return self.start()
+
+    def restart_from(self, checkpoint: str | Path, **overrides: Any) -> Future:
+        """resume_from() for a run that may still be going (what a remote ``checkpoints
+        resume_from`` does): a live run is stopped without saving (its progress since
+        ``checkpoint`` is dropped) and restarts from ``checkpoint`` where it ran, in the same
+        thread (run(): the caller's) and with the same endpoint; an ended run restarts at once.
+
+        Checked before anything stops, as resume_from() checks: a complete catalog
+        checkpoint, overrides that a resume can change (train/resume_args.py). Returns a Future
+        that resolves to the status once the new run has started."""
+        from workbench.session.branching import check_resume_overrides
+
+        self._require_main("resume_from")
+        self._require_single("resume_from")
+        self._complete_checkpoint(checkpoint, "resume_from")
+        overrides = check_resume_overrides(self.trainer.args, overrides)
+
+        def restart() -> Status:
+            with self._lock:
+                self._error = self._traceback = None
+                self._prepare_resume(checkpoint, overrides)
+                self._set_status(Status.RUNNING)
+            return self._status
+
+        return self._after_run("resume_from", restart, save=False,
+                               now=lambda: self.resume_from(checkpoint, **overrides).status)
+
+    def branch_from(self, checkpoint: str | Path, output_dir: str | Path, save: bool = True,
+                    **overrides: Any) -> Future:
+        """branch() for a run that may still be going (what a remote ``checkpoints branch``
+        does): a live run is stopped (with a checkpoint unless ``save=False``, so it can be
+        resumed later), then the branch starts as a new run in this process, serving its own
+        endpoint in ``output_dir``; it is this Session's ``successor``. Under run() it trains
+        in the caller's thread once this run's endpoint has closed; under start() in a thread
+        of its own, while this Session keeps serving its ended run.
+
+        Everything check_branch() refuses is refused first, before anything stops. Returns a
+        Future that resolves to the branch's Session once its endpoint serves."""
+        self._require_main("branch")
+        self._require_single("branch")
+        if not self.branches_here:
+            raise RuntimeError("branch: this run is a Trainer.train() call, which trains its own Trainer only; "
+                               "branch from a Session or a workbench run, or resume_from here")
+        overrides = self.check_branch(checkpoint, output_dir, **overrides)
+
+        def start_branch() -> "Session":
+            child = self._new_branch(checkpoint, output_dir, overrides)
+            self.successor = child
+            if self._in_caller:
+                child._start_control()  # serving before this run's endpoint closes; trained by run()
+            else:
+                child.start()
+            return child
+
+        return self._after_run("branch", start_branch, save=save, now=start_branch)
+
+    def _after_run(self, what: str, action: Any, save: bool, now: Any) -> Future:
+        """Run ``action`` once the current run has ended: a live run is stopped and its worker
+        runs it; an ended (or not started) run runs ``now`` in this thread."""
+        future: Future = Future()
+        with self._lock:
+            if self._followup is not None:
+                raise RuntimeError(f"{what}: a resume_from or branch is already under way; wait for it")
+            if self._looping:
+                self._followup = (action, future)
+                if self._status not in ENDED:
+                    self.stop(save=save)
+                return future
+            if self._in_caller:
+                raise RuntimeError(f"{what}: this run has ended and its process is exiting; start it again "
+                                   "with workbench run --resume CHECKPOINT")
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()  # the ended worker is on its way out
+        try:
+            future.set_result(now())
+        except Exception as exc:  # noqa: BLE001 - reported to the caller through the Future
+            future.set_exception(exc)
+        return future
 
     def parse_overrides(self, text: str | Mapping[str, str]) -> dict[str, Any]:
         """Overrides as typed, for check_branch() and branch(): ``"warmup_steps=10,
@@ -450,15 +613,20 @@ class Session:
         """A new Session that starts from ``checkpoint`` into ``output_dir`` with changed arguments.
 
         The current run must have ended; everything check_branch() refuses is refused here."""
-        from workbench.session.branching import branch_trainer
-
         self._require_not_running("branch")
         overrides = self.check_branch(checkpoint, output_dir, **overrides)
+        return self._new_branch(checkpoint, output_dir, overrides)
+
+    def _new_branch(self, checkpoint: str | Path, output_dir: str | Path, overrides: dict[str, Any]) -> "Session":
+        from workbench.session.branching import branch_trainer
+
         trainer, origin = branch_trainer(self.trainer, checkpoint, output_dir, overrides)
         # The checkpoint restores the optimizer/schedule (old learning rate) and the state's
         # intervals; the resume applies the overrides that differ after the restore, as
-        # recorded live edits (train/resume_args.py).
-        return Session(trainer, resume_from_checkpoint=str(checkpoint), origin=origin)
+        # recorded live edits (train/resume_args.py). The branch serves as this run does:
+        # over TCP on a free port of its own (this run's may still be bound).
+        return Session(trainer, resume_from_checkpoint=str(checkpoint), origin=origin, control=self.control,
+                       control_port=0 if self.control_port is not None else None, control_host=self.control_host)
 
     def _require_main(self, what: str) -> None:
         if self._sync is not None and not self._sync.is_main:
@@ -485,10 +653,13 @@ class Session:
                              "pick a complete checkpoint")
         return info
 
-    def _require_not_running(self, what: str) -> None:
+    def _require_single(self, what: str) -> None:
         if self._sync is not None:
             raise RuntimeError(f"{what}: not available with several processes; relaunch the run with --resume "
                                "CHECKPOINT (and --set for changed arguments)")
+
+    def _require_not_running(self, what: str) -> None:
+        self._require_single(what)
         if self._thread is not None and self._thread.is_alive():
             raise RuntimeError(f"{what}: stop the current run first (session.stop(); session.wait())")
 

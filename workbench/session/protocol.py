@@ -125,7 +125,8 @@ class SessionLike(Protocol):
         ...
 
     def resume_from(self, checkpoint: str | Path) -> SessionLike:
-        """Restart this run from a complete checkpoint (the run must have ended)."""
+        """Restart this run from a complete checkpoint. A local Session: once the run has
+        ended. A RemoteSession: in the run's process, a live run stopped first without saving."""
         ...
 
     def parse_overrides(self, text: str | Mapping[str, str]) -> dict[str, Any]:
@@ -137,5 +138,7 @@ class SessionLike(Protocol):
         ...
 
     def branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> SessionLike:
-        """A new run from ``checkpoint`` into its own ``output_dir`` with changed arguments (not started)."""
+        """A new run from ``checkpoint`` into its own ``output_dir`` with changed arguments. A
+        local Session: not started, once this run has ended. A RemoteSession: started in the
+        run's process (a live run stopped first), and attached to."""
         ...

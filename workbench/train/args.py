@@ -230,6 +230,13 @@ class TrainingArguments:
     # workbench: copy the state to host memory at the step, write/hash/publish it in the
     # background (one save at a time; train() returns once every checkpoint is published).
     save_async: bool = False
+    # workbench: serve a control endpoint (workbench ctl / attach) while train() runs, on rank
+    # 0. None means each entry point's default: off for Trainer.train() (as HF), on for
+    # `workbench run` and a Session. control_port: TCP instead of a Unix socket (0: any
+    # free port; a token is required); control_host: the address it binds (127.0.0.1).
+    control: bool | None = None
+    control_port: int | None = None
+    control_host: str | None = None
     push_to_hub: bool = False
     hub_token: str | None = None
     hub_private_repo: bool | None = None
@@ -285,6 +292,7 @@ class TrainingArguments:
         self._reject_unserved()
         self._normalize_enums()
         self._validate_numbers()
+        self._validate_control()
         self._validate_eval_and_save()
         self._validate_precision()
         self._validate_dataloader()
@@ -349,6 +357,15 @@ class TrainingArguments:
             self.activation_checkpointing_kwargs = self.gradient_checkpointing_kwargs
         if self.disable_tqdm is None:
             self.disable_tqdm = False
+
+    def _validate_control(self) -> None:
+        if self.control is not None and not isinstance(self.control, bool):
+            raise ArgumentError("control", f"expected true, false or None (the entry point's default), got {self.control!r}")
+        port = self.control_port
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
+            raise ArgumentError("control_port", f"expected a TCP port from 0 to 65535 (0: any free port), got {port!r}")
+        if self.control_host is not None and port is None:
+            raise ArgumentError("control_host", "names the address of a TCP endpoint; set control_port too")
 
     def _validate_numbers(self) -> None:
         positive_ints = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")

@@ -100,6 +100,9 @@ class Trainer:
             raise TypeError(f"guard: expected a workbench Guard, got {type(guard).__name__}")
         self.guard: Guard | None = guard
         self.guard_pause: Callable[[], Any] | None = None
+        # workbench: the Session training this Trainer, if any; it then owns the control
+        # endpoint, and train() does not serve one of its own (args.control, workbench/serving.py).
+        self.control_owner: Any = None
         set_seed(self.args.seed, deterministic=self.args.full_determinism)
         self.accelerator = make_accelerator(self.args)
         check_sharding(self)
@@ -566,9 +569,20 @@ class Trainer:
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None,
               ignore_keys_for_eval: list[str] | None = None, **kwargs: Any) -> TrainOutput:
-        """Train; ``resume_from_checkpoint`` True resumes from the newest verified checkpoint."""
+        """Train; ``resume_from_checkpoint`` True resumes from the newest verified checkpoint.
+
+        With ``args.control = True`` (workbench; off by default, as HF) rank 0 serves a control
+        endpoint meanwhile, so ``workbench ctl`` / ``workbench attach OUTDIR`` can pause, edit,
+        save, evaluate and stop this run; it still trains in this thread and returns TrainOutput."""
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {', '.join(kwargs)}")
+        if self.args.control and self.control_owner is None and self.is_world_process_zero():
+            # workbench: serve the control endpoint (rank 0) while this same call trains;
+            # the runner comes from the session layer (workbench/serving.py).
+            from workbench.serving import control_runner
+
+            return control_runner()(self, resume_from_checkpoint=resume_from_checkpoint, trial=trial,
+                                    ignore_keys_for_eval=ignore_keys_for_eval)
         from workbench.train.loop import TrainingLoop
 
         if self.model_init is not None:
