@@ -621,3 +621,43 @@ def test_a_client_tells_a_preempted_headless_run_and_follows_its_resume(tmp_path
         for run in runs:
             if run.poll() is None:
                 run.kill()
+
+
+def test_attached_dashboard_resumes_a_headless_run_from_a_checkpoint_in_its_process(tmp_path):
+    """The dashboard's resume-from on a run trained in its caller's thread (as `workbench run
+    --headless` does): the run restarts there; the dashboard must not stop it first, which
+    would end the process it asks to restart."""
+    import asyncio
+    import threading
+
+    from workbench.widgets.tui import DashboardApp
+
+    out = tmp_path / "run"
+    session = make_session(out, callbacks=[Slow()], save_strategy="steps", save_steps=5)
+    session.control = True
+    ran: list = []
+    worker = threading.Thread(target=lambda: ran.append(session.run()), daemon=True)
+    worker.start()
+    try:
+        wait_for(lambda: (out / CONTROL_FILE).exists() and session.snapshot().step > 7, "a checkpoint and more steps")
+        remote = attach(out)
+        row = next(r for r in remote.checkpoints if r.name == "checkpoint-5")
+        app = DashboardApp(remote, attached=True)
+
+        async def main() -> None:
+            async with app.run_test(size=(100, 32)) as pilot:
+                app.resume_from(row)
+                deadline = time.monotonic() + 60
+                while "resume_from" not in [e.kind for e in session.events_since(0)[0]]:
+                    assert time.monotonic() < deadline, "timed out waiting for the restart"
+                    await pilot.pause(0.05)
+
+        asyncio.run(main())
+        wait_for(lambda: session.status == Status.RUNNING and session.snapshot().step > 5, "the restarted run")
+        assert worker.is_alive() and (out / CONTROL_FILE).exists()  # same thread, same endpoint
+        starts = [e for e in read_events(out) if e["event"] == "start"]
+        assert [s["step"] for s in starts] == [0, 5]
+    finally:
+        session.stop(save=False)
+        worker.join(60)
+    assert ran == [Status.STOPPED]

@@ -440,8 +440,9 @@ class Panel(w.VBox):
                 raise ValueError("branch: type an output_dir for the new run")
             base = str(base).rstrip("/")
             output_dir = f"{base}-branch-{Path(path).name.rsplit('-', 1)[-1]}"
-        branch = self.session.branch(path, output_dir, **overrides)
-        branch.start()
+        branch = self.session.branch(path, output_dir, **overrides)  # a live run is stopped (saved) first
+        if branch.status == Status.IDLE:  # from an ended local run: not started yet
+            branch.start()
         self.branches.append(branch)
         self.branch_box.children = (*self.branch_box.children, Panel(branch, interval=self.interval))
         self._set_notice("good", f"branched from {Path(path).name} into {output_dir}")

@@ -313,36 +313,27 @@ class DashboardApp(App[str]):
         self.poll()
 
     def resume_from(self, checkpoint: CheckpointRow) -> None:
-        """Stop the current run (without saving) and resume it from ``checkpoint``."""
+        """Resume the run from ``checkpoint`` (a live run is stopped first, without saving, by
+        the session itself: a remote run restarts in its own process)."""
         session = self.session
         self.log_line("warn", f"stopping to resume from {checkpoint.name}…")
 
         def work() -> Any:
-            _stop_and_wait(session)
             session.resume_from(checkpoint.path)
             self.post_message(RunReplaced(session, f"resumed from {checkpoint.name}"))
 
         self.run_command("resume", work)
 
     def branch_from(self, checkpoint: CheckpointRow, output_dir: str, overrides: dict[str, Any]) -> None:
-        """Stop the current run (without saving) and follow a new run branched from ``checkpoint``."""
+        """Follow a new run branched from ``checkpoint`` (a live run is stopped first, without
+        saving, by the session itself)."""
         session = self.session
         shown = ", ".join(f"{k}={v}" for k, v in overrides.items()) or "no overrides"
         self.log_line("warn", f"stopping to branch from {checkpoint.name} ({shown})…")
 
         def work() -> Any:
-            _stop_and_wait(session)
-            branch = session.branch(checkpoint.path, output_dir, **overrides)
+            branch = session.branch(checkpoint.path, output_dir, save=False, **overrides)
             self.post_message(RunReplaced(branch, f"branched from {checkpoint.name} into {Path(output_dir).name}"))
 
         self.run_command("branch", work)
 
-
-def _stop_and_wait(session: SessionLike) -> None:
-    """Stop ``session`` without saving and wait for its thread (a failed run is fine here)."""
-    if session.status not in TERMINAL and session.status != Status.IDLE:
-        session.stop(save=False)
-    try:
-        session.wait()
-    except BaseException:  # noqa: BLE001 - its failure is already on screen; we are replacing it
-        pass

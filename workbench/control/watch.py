@@ -75,7 +75,7 @@ class _Refusing:
     def check_branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> dict[str, Any]:
         return self._refuse("branch")
 
-    def branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> Any:
+    def branch(self, checkpoint: str | Path, output_dir: str | Path, save: bool = True, **overrides: Any) -> Any:
         return self._refuse("branch")
 
 

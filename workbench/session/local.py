@@ -488,12 +488,17 @@ class Session:
             return command.future
 
     def resume_from(self, checkpoint: str | Path, **overrides: Any) -> "Session":
-        """Restart this session's run from a catalog checkpoint (the current run must be stopped).
+        """Restart this session's run from a catalog checkpoint. A live run is stopped first,
+        without saving (what it did since ``checkpoint`` is dropped), and restarts in its own
+        thread; this returns once it has (as a remote ``resume_from`` does).
 
         ``overrides`` change the run's arguments first (those train/resume_args.py COMPARED
         lists, e.g. save_steps=3); the resume warns about each one that differs from the
         checkpoint's and applies the live-editable ones from the resume step, recorded.
         """
+        if self._live():
+            self.restart_from(checkpoint, **overrides).result()
+            return self
         self._require_not_running("resume_from")
         self._prepare_resume(checkpoint, overrides)
         return self.start()
@@ -609,10 +614,15 @@ class Session:
         row = self._complete_checkpoint(checkpoint, "branch")
         return check_branch(self.trainer.args, row.step, output_dir, overrides)
 
-    def branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> "Session":
+    def branch(self, checkpoint: str | Path, output_dir: str | Path, save: bool = True,
+               **overrides: Any) -> "Session":
         """A new Session that starts from ``checkpoint`` into ``output_dir`` with changed arguments.
 
-        The current run must have ended; everything check_branch() refuses is refused here."""
+        From an ended run it is returned not started. A live run is stopped first (with a
+        checkpoint unless ``save=False``) and the branch is returned started (as a remote
+        ``branch`` does). Everything check_branch() refuses is refused first."""
+        if self._live():
+            return self.branch_from(checkpoint, output_dir, save=save, **overrides).result()
         self._require_not_running("branch")
         overrides = self.check_branch(checkpoint, output_dir, **overrides)
         return self._new_branch(checkpoint, output_dir, overrides)
@@ -652,6 +662,11 @@ class Session:
             raise ValueError(f"{what}: {info.name} is incomplete ({info.problem or 'no manifest'}); "
                              "pick a complete checkpoint")
         return info
+
+    def _live(self) -> bool:
+        """Whether a run of this Session's worker is under way (resume_from / branch then stop it)."""
+        with self._lock:
+            return self._looping and not self._in_caller
 
     def _require_single(self, what: str) -> None:
         if self._sync is not None:

@@ -125,8 +125,8 @@ class SessionLike(Protocol):
         ...
 
     def resume_from(self, checkpoint: str | Path) -> SessionLike:
-        """Restart this run from a complete checkpoint. A local Session: once the run has
-        ended. A RemoteSession: in the run's process, a live run stopped first without saving."""
+        """Restart this run from a complete checkpoint where it runs (a RemoteSession: in the
+        run's process); a live run is stopped first, without saving. Returns once restarted."""
         ...
 
     def parse_overrides(self, text: str | Mapping[str, str]) -> dict[str, Any]:
@@ -137,8 +137,10 @@ class SessionLike(Protocol):
         """Everything branch() refuses, checked without side effects; returns the overrides validated."""
         ...
 
-    def branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> SessionLike:
+    def branch(self, checkpoint: str | Path, output_dir: str | Path, save: bool = True,
+               **overrides: Any) -> SessionLike:
         """A new run from ``checkpoint`` into its own ``output_dir`` with changed arguments. A
-        local Session: not started, once this run has ended. A RemoteSession: started in the
-        run's process (a live run stopped first), and attached to."""
+        live run is stopped first (with a checkpoint unless ``save=False``) and the branch is
+        started (a RemoteSession's in the run's process, and attached to); from an ended local
+        run the branch is returned not started."""
         ...
