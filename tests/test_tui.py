@@ -520,7 +520,8 @@ def test_inspect_pauses_and_shows_norms_and_a_sample(tmp_path):
         assert "learning rates:" in summary and "input_ids (8, 32)" in summary and "no NaN/Inf" in summary
 
         prompt = screen.query_one("#prompt")
-        assert prompt.display and prompt.has_focus  # a causal LM: the prompt box is offered
+        assert prompt.display  # a causal LM: the prompt box is offered, and takes the focus
+        await wait_for(pilot, lambda: prompt.has_focus, "the prompt box to take the focus")
         prompt.value = "def "
         await press(pilot, "enter")
         sample = screen.query_one("#sample")

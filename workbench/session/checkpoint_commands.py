@@ -1,0 +1,236 @@
+"""What a Session does with its run's checkpoints: list and delete them, resume from one,
+branch from one, and restart a live run in place (what a remote ``checkpoints resume_from``
+or ``branch`` asks for).
+
+A mixin of :class:`workbench.session.local.Session`, kept apart because it is one concern
+with its own rules: a checkpoint must be complete, a branch gets its own empty folder and
+valid overrides (session/branching.py), the best and newest checkpoints are never deleted,
+and a live run is stopped first, in its own thread, before it restarts from the checkpoint.
+It uses the Session's lock, status and worker loop (``_looping``, ``_followup``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from workbench.session.state import ENDED, CheckpointRow, SeriesStore, Status
+
+__all__ = ["CheckpointCommands"]
+
+Session = Any  # annotations only: local.py's Session is made of this mixin, so it is not imported back
+
+
+class CheckpointCommands:
+    """Checkpoint commands of a Session (list, delete, resume_from, branch, restarts in place)."""
+
+    def resume_from(self, checkpoint: str | Path, **overrides: Any) -> "Session":
+        """Restart this session's run from a catalog checkpoint. A live run is stopped first,
+        without saving (what it did since ``checkpoint`` is dropped), and restarts in its own
+        thread; this returns once it has (as a remote ``resume_from`` does).
+
+        ``overrides`` change the run's arguments first (those train/resume_args.py COMPARED
+        lists, e.g. save_steps=3); the resume warns about each one that differs from the
+        checkpoint's and applies the live-editable ones from the resume step, recorded.
+        """
+        if self._live():
+            self.restart_from(checkpoint, **overrides).result()
+            return self
+        self._require_not_running("resume_from")
+        self._prepare_resume(checkpoint, overrides)
+        return self.start()
+
+    def _prepare_resume(self, checkpoint: str | Path, overrides: dict[str, Any]) -> None:
+        self._complete_checkpoint(checkpoint, "resume_from")
+        if overrides:
+            from workbench.train.resume_args import replace_arguments
+
+            replace_arguments(self.trainer, **overrides)
+        self._resume = str(checkpoint)
+        self._series = SeriesStore()
+        self._emit("resume_from", checkpoint=str(checkpoint))
+
+    def restart_from(self, checkpoint: str | Path, **overrides: Any) -> Future:
+        """resume_from() for a run that may still be going (what a remote ``checkpoints
+        resume_from`` does): a live run is stopped without saving (its progress since
+        ``checkpoint`` is dropped) and restarts from ``checkpoint`` where it ran, in the same
+        thread (run(): the caller's) and with the same endpoint; an ended run restarts at once.
+
+        Checked before anything stops, as resume_from() checks: a complete catalog
+        checkpoint, overrides that a resume can change (train/resume_args.py). Returns a Future
+        that resolves to the status once the new run has started."""
+        from workbench.session.branching import check_resume_overrides
+
+        self._require_main("resume_from")
+        self._require_single("resume_from")
+        self._complete_checkpoint(checkpoint, "resume_from")
+        overrides = check_resume_overrides(self.trainer.args, overrides)
+
+        def restart() -> Status:
+            with self._lock:
+                self._error = self._traceback = None
+                self._prepare_resume(checkpoint, overrides)
+                self._set_status(Status.RUNNING)
+            return self._status
+
+        return self._after_run("resume_from", restart, save=False,
+                               now=lambda: self.resume_from(checkpoint, **overrides).status)
+
+    def branch_from(self, checkpoint: str | Path, output_dir: str | Path, save: bool = True,
+                    **overrides: Any) -> Future:
+        """branch() for a run that may still be going (what a remote ``checkpoints branch``
+        does): a live run is stopped (with a checkpoint unless ``save=False``, so it can be
+        resumed later), then the branch starts as a new run in this process, serving its own
+        endpoint in ``output_dir``; it is this Session's ``successor``. Under run() it trains
+        in the caller's thread once this run's endpoint has closed; under start() in a thread
+        of its own, while this Session keeps serving its ended run.
+
+        Everything check_branch() refuses is refused first, before anything stops. Returns a
+        Future that resolves to the branch's Session once its endpoint serves."""
+        self._require_main("branch")
+        self._require_single("branch")
+        if not self.branches_here:
+            raise RuntimeError("branch: this run is a Trainer.train() call, which trains its own Trainer only; "
+                               "branch from a Session or a workbench run, or resume_from here")
+        overrides = self.check_branch(checkpoint, output_dir, **overrides)
+
+        def start_branch() -> "Session":
+            child = self._new_branch(checkpoint, output_dir, overrides)
+            self.successor = child
+            if self._in_caller:
+                child._start_control()  # serving before this run's endpoint closes; trained by run()
+            else:
+                child.start()
+            return child
+
+        return self._after_run("branch", start_branch, save=save, now=start_branch)
+
+    def _after_run(self, what: str, action: Any, save: bool, now: Any) -> Future:
+        """Run ``action`` once the current run has ended: a live run is stopped and its worker
+        runs it; an ended (or not started) run runs ``now`` in this thread."""
+        future: Future = Future()
+        with self._lock:
+            if self._followup is not None:
+                raise RuntimeError(f"{what}: a resume_from or branch is already under way; wait for it")
+            if self._looping:
+                self._followup = (action, future)
+                if self._status not in ENDED:
+                    self.stop(save=save)
+                return future
+            if self._in_caller:
+                raise RuntimeError(f"{what}: this run has ended and its process is exiting; start it again "
+                                   "with workbench run --resume CHECKPOINT")
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()  # the ended worker is on its way out
+        try:
+            future.set_result(now())
+        except Exception as exc:  # noqa: BLE001 - reported to the caller through the Future
+            future.set_exception(exc)
+        return future
+
+    def parse_overrides(self, text: str | Mapping[str, str]) -> dict[str, Any]:
+        """Overrides as typed, for check_branch() and branch(): ``"warmup_steps=10,
+        lr_scheduler_type=linear"``, or ``{"learning_rate": "1e-3"}`` from form fields (empty
+        ones left out). Values are read as TOML, as ``--set`` reads them. Raises ValueError
+        with one line on a pair without ``=``."""
+        from workbench.config.loader import parse_overrides
+
+        overrides = parse_overrides(text)
+        if "output_dir" in overrides:  # branch(checkpoint, output_dir, **overrides) could not take it
+            raise ValueError("output_dir: the branch's folder is its own argument (the output dir field), "
+                             "not an override")
+        return overrides
+
+    def check_branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> dict[str, Any]:
+        """Everything branch() checks, without stopping or creating anything; returns the
+        overrides validated (session/branching.py says what is refused). Callable while the
+        run goes on, so a form can refuse a typo before the run is stopped for the branch."""
+        from workbench.session.branching import check_branch
+
+        row = self._complete_checkpoint(checkpoint, "branch")
+        return check_branch(self.trainer.args, row.step, output_dir, overrides)
+
+    def branch(self, checkpoint: str | Path, output_dir: str | Path, save: bool = True,
+               **overrides: Any) -> "Session":
+        """A new Session that starts from ``checkpoint`` into ``output_dir`` with changed arguments.
+
+        From an ended run it is returned not started. A live run is stopped first (with a
+        checkpoint unless ``save=False``) and the branch is returned started (as a remote
+        ``branch`` does). Everything check_branch() refuses is refused first."""
+        if self._live():
+            return self.branch_from(checkpoint, output_dir, save=save, **overrides).result()
+        self._require_not_running("branch")
+        overrides = self.check_branch(checkpoint, output_dir, **overrides)
+        return self._new_branch(checkpoint, output_dir, overrides)
+
+    def _new_branch(self, checkpoint: str | Path, output_dir: str | Path, overrides: dict[str, Any]) -> "Session":
+        from workbench.session.branching import branch_trainer
+
+        trainer, origin = branch_trainer(self.trainer, checkpoint, output_dir, overrides)
+        # The checkpoint restores the optimizer/schedule (old learning rate) and the state's
+        # intervals; the resume applies the overrides that differ after the restore, as
+        # recorded live edits (train/resume_args.py). The branch serves as this run does:
+        # over TCP on a free port of its own (this run's may still be bound).
+        return type(self)(trainer, resume_from_checkpoint=str(checkpoint), origin=origin, control=self.control,
+                           control_port=0 if self.control_port is not None else None, control_host=self.control_host)
+
+    def _complete_checkpoint(self, checkpoint: str | Path, what: str) -> CheckpointRow:
+        """The catalog row of ``checkpoint`` (a checkpoint folder); ValueError unless it is complete."""
+        from workbench.checkpoint.store import CheckpointStore
+
+        path = Path(checkpoint)
+        info = next((c for c in CheckpointStore(path.parent).list() if c.name == path.name), None)
+        if info is None:
+            raise ValueError(f"{what}: {checkpoint} is not a checkpoint (expected a checkpoint-STEP folder "
+                             "from session.checkpoints)")
+        if not info.complete:
+            raise ValueError(f"{what}: {info.name} is incomplete ({info.problem or 'no manifest'}); "
+                             "pick a complete checkpoint")
+        return info
+
+    def _live(self) -> bool:
+        """Whether a run of this Session's worker is under way (resume_from / branch then stop it)."""
+        with self._lock:
+            return self._looping and not self._in_caller
+
+    @property
+    def checkpoints(self) -> list[CheckpointRow]:
+        """The checkpoint catalog of this run's output_dir, oldest first (same rows as the dashboard)."""
+        from workbench.checkpoint.store import CheckpointStore
+
+        return CheckpointStore(self.trainer.args.output_dir).list()
+
+    def delete_checkpoint(self, name: str) -> None:
+        """Delete one checkpoint of this run's output_dir by name (``"checkpoint-40"``).
+
+        Refused with a one-line ValueError: the best and the newest complete checkpoint (the
+        store's ``protected`` flag: load_best_model_at_end and a resume need them), and the
+        checkpoint this run resumes from until the run has ended.
+        """
+        from workbench.checkpoint.store import CheckpointStore
+
+        self._require_main("delete_checkpoint")
+        name = str(name)
+        if not name or Path(name).name != name:
+            raise ValueError(f"delete_checkpoint: expected a checkpoint name such as checkpoint-40 "
+                             f"(see session.checkpoints), got {name!r}")
+        store = CheckpointStore(self.trainer.args.output_dir)
+        info = next((c for c in store.list() if c.name == name), None)
+        if info is None:
+            raise ValueError(f"delete_checkpoint: no {name} in {store.root} (see session.checkpoints)")
+        if info.protected:
+            why = "the best checkpoint" if info.best else "the newest complete checkpoint"
+            raise ValueError(f"delete_checkpoint: {name} is protected ({why}); delete an older one")
+        resumes = isinstance(self._resume, (str, Path)) and Path(self._resume).resolve() == Path(info.path).resolve()
+        if resumes and self._status not in ENDED:
+            raise ValueError(f"delete_checkpoint: {name} is in use: this run resumes from it (delete it once the "
+                             "run has ended)")
+        store.delete(name)
+        self._refresh_catalog()
+        self._log_event("delete", checkpoint=name)
+        self._emit("deleted", checkpoint=name)
+        self._publish()
