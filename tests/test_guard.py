@@ -421,6 +421,31 @@ def test_resume_after_a_rollback_is_bitwise_equal(tmp_path):
     assert resumed.state.guard["data"] == whole.state.guard["data"]
 
 
+def test_resume_from_a_save_between_a_snapshot_and_the_bad_step_is_bitwise_equal(tmp_path):
+    # save_steps 5 and snapshot_every 4 do not line up. A run resumed from checkpoint-5 has
+    # an empty ring, so the bad step 6 (read at 8) rolls it back to checkpoint-5; the
+    # uninterrupted run must go back to step 5 as well (its save there is a snapshot point),
+    # not to its periodic snapshot at 4. (Found by a SIGKILL on the CLI: tests/test_guard_kill.py.)
+    steps = clean_order(tmp_path)
+    data = Poisoned(nan_ids=[steps[5][0]])
+    options = dict(max_steps=12, logging_steps=4, save_strategy="steps", save_steps=5)
+    whole, whole_order = run(tmp_path / "whole", data, ROLLBACK, **options)
+    out = tmp_path / "parts"
+    run(out, data, ROLLBACK, callbacks=[StopAt(5)], **options)
+    assert guard_events(out) == []
+    resumed, resumed_order = run(out, data, ROLLBACK, resume=True, **options)
+    (memory,), (disk,) = guard_events(tmp_path / "whole"), guard_events(out)
+    assert (memory["restored_step"], memory["source"]) == (5, "memory")
+    assert (disk["restored_step"], disk["source"]) == (5, "checkpoint")
+    same = ("step", "kind", "action", "batches", "samples", "skipped_from", "skipped_to", "skipped_samples")
+    assert {k: memory[k] for k in same} == {k: disk[k] for k in same}
+    assert resumed_order.steps == whole_order.steps[5:]
+    assert resumed.state.global_step == whole.state.global_step == 12
+    for a, b in zip(weights(whole), weights(resumed)):
+        assert torch.equal(a, b)
+    assert resumed.state.guard["data"] == whole.state.guard["data"]
+
+
 def test_empty_ring_rolls_back_from_the_newest_checkpoint(tmp_path):
     steps = clean_order(tmp_path)
     data = Poisoned(nan_ids=[steps[5][0]])

@@ -421,6 +421,17 @@ class TrainingLoop:
         if at_end:
             control.should_training_stop = False  # set for reaching max_steps, no longer true
 
+    def snapshot_for_save(self) -> None:
+        """A save is about to write this boundary (called after its guard read): keep it in
+        the rollback ring too, with exactly the state the checkpoint captures. A run resumed
+        from that checkpoint has an empty ring and rolls back to the checkpoint itself; the
+        uninterrupted run must roll back to the same boundary, or the resume is not bitwise
+        equal to it (save_steps and snapshot_every need not line up)."""
+        if self.snapshots is None or self._rollback_due:  # a rollback still to come undoes this state
+            return
+        if self.snapshots.due(self.trainer.state.global_step, saving=True):
+            self._take_snapshot()
+
     def _take_snapshot(self) -> None:
         """A host copy of this boundary into the rollback ring (blocks for the copy only)."""
         from workbench.checkpoint.snapshots import Snapshot
