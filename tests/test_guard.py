@@ -121,6 +121,42 @@ def test_guard_table_in_config(tmp_path):
     assert no_table.guard is None
 
 
+@pytest.mark.timeout(120)  # the bug this guards against was a headless run that never ended
+def test_init_starter_config_guards_a_diverging_headless_run(tmp_path, capsys):
+    # `workbench init`'s config, shrunk to seconds and given a learning rate that overflows,
+    # run as `workbench run --headless` does (with its control endpoint, so through a Session):
+    # its [guard] (nonfinite = "skip", max_interventions = 5) skips the NaN steps, keeps the
+    # weights finite and stops the run where the fifth is read, with a checkpoint. (It used to
+    # pause there, as in a dashboard, and wait forever for a resume no one would send.)
+    from safetensors.torch import load_file
+
+    from workbench.cli import main
+
+    config = tmp_path / "cfg.toml"
+    assert main(["init", str(config)]) == 0
+    tiny = {"training.max_steps": 12, "training.logging_steps": 2, "training.save_steps": 4,
+            "training.eval_on_start": "false", "training.learning_rate": 1e30,
+            "training.per_device_train_batch_size": 4, "model.options.n_embd": 32, "model.options.n_head": 2,
+            "model.options.n_layer": 1, "model.options.block_size": 32, "data.options.block_size": 32,
+            "data.options.max_chars": 20000}
+    guard = load_config(config).guard
+    assert (guard.nonfinite, guard.spike, guard.max_interventions) == ("skip", "rollback", 5)
+    sets = [arg for key, value in tiny.items() for arg in ("--set", f"{key}={value}")]
+    assert main(["run", str(config), "--headless", *sets]) == 0
+    stderr = capsys.readouterr().err
+    out = tmp_path / "runs" / "tiny-gpt"
+    events = read_events(out)
+    guard_records = [e for e in events if e["event"] == "guard"]
+    assert len(guard_records) >= 5
+    assert {(e["kind"], e["action"], e["value"]) for e in guard_records} == {("nonfinite", "skip", "nan")}
+    step = guard_records[-1]["step"]  # stopped where the fifth was read
+    assert step < 12 and events[-1]["event"] == "end" and events[-1]["status"] == "stopped", events[-1]
+    assert events[-1]["step"] == step and not [e for e in events if e["event"] == "pause"]
+    assert f"stopped by the guard at step {step} after {len(guard_records)} interventions" in stderr, stderr
+    weights_file = out / f"checkpoint-{step}" / "model.safetensors"
+    assert all(torch.isfinite(w).all() for w in load_file(str(weights_file)).values())
+
+
 @pytest.mark.parametrize("table, line, message", [
     ('nonfinite = "skip"\nspike = "explode"\n', 9, "guard.spike: expected one of off, skip, rollback, pause"),
     ('window = 0\n', 8, "guard.window: expected an integer >= 1"),
