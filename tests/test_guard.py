@@ -482,6 +482,33 @@ def test_resume_from_a_save_between_a_snapshot_and_the_bad_step_is_bitwise_equal
     assert resumed.state.guard["data"] == whole.state.guard["data"]
 
 
+def test_an_epoch_end_save_reads_the_guard_first(tmp_path):
+    # save_strategy "epoch" asks for the save after the last step's own read point. The bad
+    # last step of epoch 0 used to be found by the save itself, which cannot roll back: the
+    # checkpoint held a rollback never carried out, and a resume from it never did it either.
+    import shutil
+
+    steps = clean_order(tmp_path)
+    data = Poisoned(nan_ids=[steps[15][0]])  # step 16, the last of epoch 0 (and again each epoch)
+    guard = dataclasses.replace(ROLLBACK, snapshot_every=5, rollback_skip=0)
+    options = dict(max_steps=40, logging_steps=100, save_strategy="epoch")
+    whole, _ = run(tmp_path / "whole", data, guard, **options)
+    first = guard_events(tmp_path / "whole")[0]
+    assert (first["step"], first["action"], first["restored_step"]) == (16, "rollback", 15)
+    checkpoints = sorted((tmp_path / "whole").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    assert [p.name for p in checkpoints] == ["checkpoint-27", "checkpoint-40"]  # step 16's save was undone too
+    import json
+
+    for path in checkpoints:
+        records = json.loads((path / "workbench_state.json").read_text())["guard"]["interventions"]
+        assert all(r.get("restored_step") is not None for r in records if r["action"] == "rollback"), path.name
+    shutil.copytree(checkpoints[0], tmp_path / "parts" / checkpoints[0].name)
+    resumed, _ = run(tmp_path / "parts", data, guard, resume=True, **options)
+    assert resumed.state.global_step == whole.state.global_step == 40
+    for a, b in zip(weights(whole), weights(resumed)):
+        assert torch.equal(a, b)
+
+
 def test_empty_ring_rolls_back_from_the_newest_checkpoint(tmp_path):
     steps = clean_order(tmp_path)
     data = Poisoned(nan_ids=[steps[5][0]])

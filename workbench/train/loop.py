@@ -304,6 +304,13 @@ class TrainingLoop:
             if trainer.control.should_epoch_stop or trainer.control.should_training_stop:
                 break
         trainer.control = handler.on_epoch_end(args, state, trainer.control)
+        if guard is not None:
+            # An epoch-end save or evaluation reads the guard first, as a step end does: a
+            # checkpoint must never hold a rollback still to be carried out (a resume from it
+            # would not know to).
+            self._guard_point()
+            if self._restart is not None:
+                return
         self._log_save_evaluate(model, ignore_keys, start_time)
 
     def _count_items(self, micro: list[dict[str, Any]]) -> torch.Tensor | None:
@@ -364,7 +371,9 @@ class TrainingLoop:
         # A snapshot boundary is a read point too (the snapshot syncs anyway): no snapshot is
         # taken with an unread bad step before it, so rollback always finds the one to use.
         snapshot_due = self.snapshots is not None and self.snapshots.due(state.global_step)
-        if not (control.should_log or control.should_save or control.should_training_stop or guard.due()
+        # An evaluation is a read point too: a new best metric can ask for a save after it.
+        if not (control.should_log or control.should_save or control.should_evaluate
+                or control.should_training_stop or guard.due()
                 or state.global_step >= state.max_steps or snapshot_due or self._rollback_due):
             return
         self.collect_guard(act=True)
