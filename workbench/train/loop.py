@@ -363,9 +363,9 @@ class TrainingLoop:
             _empty_cache(acc.device)
 
     def _guard_point(self) -> None:
-        """After a step end: at points that synchronize anyway (a log or save is due, the run
-        stops or ends) or when enough steps are pending, read the guard's flags, record the
-        interventions, and pause or stop if they ask for it."""
+        """After a step or epoch end: at points that synchronize anyway (a log, save or
+        evaluation is due, the run stops or ends) or when enough steps are pending, read the
+        guard's flags, record the interventions, and pause or stop if they ask for it."""
         trainer, guard, state = self.trainer, self.guard, self.trainer.state
         control = trainer.control
         # A snapshot boundary is a read point too (the snapshot syncs anyway): no snapshot is
