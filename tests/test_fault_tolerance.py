@@ -131,11 +131,15 @@ class Run:
         return self.stderr_path.read_text(encoding="utf-8", errors="replace")
 
 
-def launch(config: Path, *extra: str, logs: Path, tag: str) -> Run:
+def launch(config: Path, *extra: str, logs: Path, tag: str, env: dict[str, str] | None = None,
+           pythonpath: tuple[Path, ...] = ()) -> Run:
+    """Start ``workbench run CONFIG --headless *extra``; ``env`` adds variables and
+    ``pythonpath`` folders in front of the repository on PYTHONPATH (a user's modules)."""
     # One intra-op thread: on a small shared machine two threads per process oversubscribe
     # the cores (a step can take 100x longer under load). Every run here, the uninterrupted
     # reference included, uses the same setting, so the bitwise comparisons are like for like.
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    path = os.pathsep.join(str(p) for p in (*pythonpath, REPO))
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **(env or {})}
     logs.mkdir(parents=True, exist_ok=True)
     stdout_path, stderr_path = logs / f"{tag}.out", logs / f"{tag}.err"
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
@@ -203,8 +207,8 @@ def assert_same_weights(got: dict[str, torch.Tensor], expected: dict[str, torch.
     assert not differing, f"{what}: tensors differ from the uninterrupted run: {differing}"
 
 
-def run_to_completion(config: Path, output_dir: Path, logs: Path, tag: str, *extra: str) -> Run:
-    run = launch(config, *extra, logs=logs, tag=tag)
+def run_to_completion(config: Path, output_dir: Path, logs: Path, tag: str, *extra: str, **launch_options) -> Run:
+    run = launch(config, *extra, logs=logs, tag=tag, **launch_options)
     code = run.wait()
     assert code == 0, f"{tag}: exit {code}\n{run.stderr}"
     events = read_events(output_dir)

@@ -121,6 +121,42 @@ def test_guard_table_in_config(tmp_path):
     assert no_table.guard is None
 
 
+@pytest.mark.timeout(120)  # the bug this guards against was a headless run that never ended
+def test_init_starter_config_guards_a_diverging_headless_run(tmp_path, capsys):
+    # `workbench init`'s config, shrunk to seconds and given a learning rate that overflows,
+    # run as `workbench run --headless` does (with its control endpoint, so through a Session):
+    # its [guard] (nonfinite = "skip", max_interventions = 5) skips the NaN steps, keeps the
+    # weights finite and stops the run where the fifth is read, with a checkpoint. (It used to
+    # pause there, as in a dashboard, and wait forever for a resume no one would send.)
+    from safetensors.torch import load_file
+
+    from workbench.cli import main
+
+    config = tmp_path / "cfg.toml"
+    assert main(["init", str(config)]) == 0
+    tiny = {"training.max_steps": 12, "training.logging_steps": 2, "training.save_steps": 4,
+            "training.eval_on_start": "false", "training.learning_rate": 1e30,
+            "training.per_device_train_batch_size": 4, "model.options.n_embd": 32, "model.options.n_head": 2,
+            "model.options.n_layer": 1, "model.options.block_size": 32, "data.options.block_size": 32,
+            "data.options.max_chars": 20000}
+    guard = load_config(config).guard
+    assert (guard.nonfinite, guard.spike, guard.max_interventions) == ("skip", "rollback", 5)
+    sets = [arg for key, value in tiny.items() for arg in ("--set", f"{key}={value}")]
+    assert main(["run", str(config), "--headless", *sets]) == 0
+    stderr = capsys.readouterr().err
+    out = tmp_path / "runs" / "tiny-gpt"
+    events = read_events(out)
+    guard_records = [e for e in events if e["event"] == "guard"]
+    assert len(guard_records) >= 5
+    assert {(e["kind"], e["action"], e["value"]) for e in guard_records} == {("nonfinite", "skip", "nan")}
+    step = guard_records[-1]["step"]  # stopped where the fifth was read
+    assert step < 12 and events[-1]["event"] == "end" and events[-1]["status"] == "stopped", events[-1]
+    assert events[-1]["step"] == step and not [e for e in events if e["event"] == "pause"]
+    assert f"stopped by the guard at step {step} after {len(guard_records)} interventions" in stderr, stderr
+    weights_file = out / f"checkpoint-{step}" / "model.safetensors"
+    assert all(torch.isfinite(w).all() for w in load_file(str(weights_file)).values())
+
+
 @pytest.mark.parametrize("table, line, message", [
     ('nonfinite = "skip"\nspike = "explode"\n', 9, "guard.spike: expected one of off, skip, rollback, pause"),
     ('window = 0\n', 8, "guard.window: expected an integer >= 1"),
@@ -419,6 +455,58 @@ def test_resume_after_a_rollback_is_bitwise_equal(tmp_path):
         assert torch.equal(a, b)
     assert resumed.state.guard["interventions"] == whole.state.guard["interventions"]
     assert resumed.state.guard["data"] == whole.state.guard["data"]
+
+
+def test_resume_from_a_save_between_a_snapshot_and_the_bad_step_is_bitwise_equal(tmp_path):
+    # save_steps 5 and snapshot_every 4 do not line up. A run resumed from checkpoint-5 has
+    # an empty ring, so the bad step 6 (read at 8) rolls it back to checkpoint-5; the
+    # uninterrupted run must go back to step 5 as well (its save there is a snapshot point),
+    # not to its periodic snapshot at 4. (Found by a SIGKILL on the CLI: tests/test_guard_kill.py.)
+    steps = clean_order(tmp_path)
+    data = Poisoned(nan_ids=[steps[5][0]])
+    options = dict(max_steps=12, logging_steps=4, save_strategy="steps", save_steps=5)
+    whole, whole_order = run(tmp_path / "whole", data, ROLLBACK, **options)
+    out = tmp_path / "parts"
+    run(out, data, ROLLBACK, callbacks=[StopAt(5)], **options)
+    assert guard_events(out) == []
+    resumed, resumed_order = run(out, data, ROLLBACK, resume=True, **options)
+    (memory,), (disk,) = guard_events(tmp_path / "whole"), guard_events(out)
+    assert (memory["restored_step"], memory["source"]) == (5, "memory")
+    assert (disk["restored_step"], disk["source"]) == (5, "checkpoint")
+    same = ("step", "kind", "action", "batches", "samples", "skipped_from", "skipped_to", "skipped_samples")
+    assert {k: memory[k] for k in same} == {k: disk[k] for k in same}
+    assert resumed_order.steps == whole_order.steps[5:]
+    assert resumed.state.global_step == whole.state.global_step == 12
+    for a, b in zip(weights(whole), weights(resumed)):
+        assert torch.equal(a, b)
+    assert resumed.state.guard["data"] == whole.state.guard["data"]
+
+
+def test_an_epoch_end_save_reads_the_guard_first(tmp_path):
+    # save_strategy "epoch" asks for the save after the last step's own read point. The bad
+    # last step of epoch 0 used to be found by the save itself, which cannot roll back: the
+    # checkpoint held a rollback never carried out, and a resume from it never did it either.
+    import shutil
+
+    steps = clean_order(tmp_path)
+    data = Poisoned(nan_ids=[steps[15][0]])  # step 16, the last of epoch 0 (and again each epoch)
+    guard = dataclasses.replace(ROLLBACK, snapshot_every=5, rollback_skip=0)
+    options = dict(max_steps=40, logging_steps=100, save_strategy="epoch")
+    whole, _ = run(tmp_path / "whole", data, guard, **options)
+    first = guard_events(tmp_path / "whole")[0]
+    assert (first["step"], first["action"], first["restored_step"]) == (16, "rollback", 15)
+    checkpoints = sorted((tmp_path / "whole").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    assert [p.name for p in checkpoints] == ["checkpoint-27", "checkpoint-40"]  # step 16's save was undone too
+    import json
+
+    for path in checkpoints:
+        records = json.loads((path / "workbench_state.json").read_text())["guard"]["interventions"]
+        assert all(r.get("restored_step") is not None for r in records if r["action"] == "rollback"), path.name
+    shutil.copytree(checkpoints[0], tmp_path / "parts" / checkpoints[0].name)
+    resumed, _ = run(tmp_path / "parts", data, guard, resume=True, **options)
+    assert resumed.state.global_step == whole.state.global_step == 40
+    for a, b in zip(weights(whole), weights(resumed)):
+        assert torch.equal(a, b)
 
 
 def test_empty_ring_rolls_back_from_the_newest_checkpoint(tmp_path):

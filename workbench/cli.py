@@ -398,6 +398,9 @@ def _train(ns: argparse.Namespace, run, resume: object) -> int:
 
         session = Session(trainer, resume_from_checkpoint=resume, control=True, control_port=ns.control_port,
                           control_host=ns.control_host)
+        # Headless: no one is there to resume a guard's pause (max_interventions, the pause
+        # action), which would hang the run; it stops with a checkpoint instead (README).
+        trainer.guard_pause = None
     elif ns.no_control:
         trainer.args.control = False  # --no-control wins over the config's control = true
 
@@ -449,6 +452,10 @@ def _train(ns: argparse.Namespace, run, resume: object) -> int:
         say(f"workbench: stopped at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
     elif reason == "session":
         say(f"workbench: stopped at step {step} without saving", file=sys.stderr)
+    elif step < trainer.state.max_steps and _stopped_by_guard(trainer):
+        count = len(trainer.state.guard["interventions"])
+        say(f"workbench: stopped by the guard at step {step} after {count} interventions (guard events in "
+            f"{output_dir / 'events.jsonl'}); checkpoint saved in {output_dir}", file=sys.stderr)
     else:
         say(f"workbench: finished; files in {output_dir}")
     return run_exit_code("stopped" if reason else "finished", reason, saved=request.save)
@@ -464,6 +471,16 @@ class _CurrentStop:
     def set(self, reason: str, save: bool = True) -> bool:
         """Request a stop of the current run (False when one was already requested)."""
         return self._current().stop_request.set(reason, save)
+
+
+def _stopped_by_guard(trainer) -> bool:
+    """Whether the guard ended this run early: its last intervention asked to stop or pause
+    (headless, a pause stops), or reached ``max_interventions``."""
+    guard, records = trainer.guard, (trainer.state.guard or {}).get("interventions") or []
+    if guard is None or not records:
+        return False
+    limit = guard.max_interventions
+    return records[-1]["action"] in ("stop", "pause") or (limit is not None and len(records) >= limit)
 
 
 def _run_dashboard(ns: argparse.Namespace, trainer, resume: object, output_dir: Path) -> int:

@@ -71,15 +71,19 @@ class Snapshot:
 
 
 class SnapshotRing:
-    """The newest ``size`` snapshots, taken every ``every`` steps."""
+    """The newest ``size`` snapshots, taken every ``every`` steps and at every save."""
 
     def __init__(self, every: int, size: int) -> None:
         self.every = every
         self._ring: deque[Snapshot] = deque(maxlen=size)
 
-    def due(self, step: int) -> bool:
-        """Whether a snapshot belongs to this step boundary (a host-int test: no sync)."""
-        return step % self.every == 0 and (not self._ring or self._ring[-1].step != step)
+    def due(self, step: int, saving: bool = False) -> bool:
+        """Whether a snapshot belongs to this step boundary (a host-int test: no sync).
+
+        ``saving``: a checkpoint of this boundary is being written, which is a snapshot point
+        whatever the step (see TrainingLoop.snapshot_for_save).
+        """
+        return (step % self.every == 0 or saving) and (not self._ring or self._ring[-1].step != step)
 
     def add(self, snapshot: Snapshot) -> None:
         self._ring.append(snapshot)

@@ -217,6 +217,7 @@ def save_checkpoint(trainer: "Trainer") -> Path | None:
     state.loss_window = loop.export_window() if loop is not None else None
     if loop is not None and loop.guard is not None:
         loop.collect_guard()  # interventions up to this step belong to this checkpoint
+        loop.snapshot_for_save()  # a rollback can go back to what this checkpoint holds
     custom_model_save = model_saved_by_override(trainer)
     contents = CheckpointContents.capture(trainer, with_model=not custom_model_save)
 

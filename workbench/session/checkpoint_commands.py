@@ -175,8 +175,11 @@ class CheckpointCommands:
         # intervals; the resume applies the overrides that differ after the restore, as
         # recorded live edits (train/resume_args.py). The branch serves as this run does:
         # over TCP on a free port of its own (this run's may still be bound).
-        return type(self)(trainer, resume_from_checkpoint=str(checkpoint), origin=origin, control=self.control,
+        child = type(self)(trainer, resume_from_checkpoint=str(checkpoint), origin=origin, control=self.control,
                            control_port=0 if self.control_port is not None else None, control_host=self.control_host)
+        if self.trainer.guard_pause is None:  # a headless run's branch stops on the guard too, never pauses
+            trainer.guard_pause = None
+        return child
 
     def _complete_checkpoint(self, checkpoint: str | Path, what: str) -> CheckpointRow:
         """The catalog row of ``checkpoint`` (a checkpoint folder); ValueError unless it is complete."""

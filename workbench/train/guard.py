@@ -53,7 +53,8 @@ class Guard:
     ``nonfinite``: action when the step's loss (or gradient norm) is NaN/inf.
     ``spike``: action when the step's loss exceeds ``spike_factor`` x the running median of
     the last ``window`` accepted steps (checked once ``window`` steps were seen).
-    ``snapshot_every`` / ``snapshots``: in-memory snapshots for rollback (steps apart, ring size).
+    ``snapshot_every`` / ``snapshots``: in-memory snapshots for rollback (steps apart, ring size);
+    every checkpoint save is a snapshot too, so a resumed run rolls back as the uninterrupted one.
     ``rollback_skip``: data batches skipped past the spike after a rollback.
     ``lr_backoff``: factor applied to the learning rate after a rollback (None: unchanged).
     ``max_interventions``: after this many, pause an interactive run or stop a headless run

@@ -304,6 +304,13 @@ class TrainingLoop:
             if trainer.control.should_epoch_stop or trainer.control.should_training_stop:
                 break
         trainer.control = handler.on_epoch_end(args, state, trainer.control)
+        if guard is not None:
+            # An epoch-end save or evaluation reads the guard first, as a step end does: a
+            # checkpoint must never hold a rollback still to be carried out (a resume from it
+            # would not know to).
+            self._guard_point()
+            if self._restart is not None:
+                return
         self._log_save_evaluate(model, ignore_keys, start_time)
 
     def _count_items(self, micro: list[dict[str, Any]]) -> torch.Tensor | None:
@@ -356,15 +363,17 @@ class TrainingLoop:
             _empty_cache(acc.device)
 
     def _guard_point(self) -> None:
-        """After a step end: at points that synchronize anyway (a log or save is due, the run
-        stops or ends) or when enough steps are pending, read the guard's flags, record the
-        interventions, and pause or stop if they ask for it."""
+        """After a step or epoch end: at points that synchronize anyway (a log, save or
+        evaluation is due, the run stops or ends) or when enough steps are pending, read the
+        guard's flags, record the interventions, and pause or stop if they ask for it."""
         trainer, guard, state = self.trainer, self.guard, self.trainer.state
         control = trainer.control
         # A snapshot boundary is a read point too (the snapshot syncs anyway): no snapshot is
         # taken with an unread bad step before it, so rollback always finds the one to use.
         snapshot_due = self.snapshots is not None and self.snapshots.due(state.global_step)
-        if not (control.should_log or control.should_save or control.should_training_stop or guard.due()
+        # An evaluation is a read point too: a new best metric can ask for a save after it.
+        if not (control.should_log or control.should_save or control.should_evaluate
+                or control.should_training_stop or guard.due()
                 or state.global_step >= state.max_steps or snapshot_due or self._rollback_due):
             return
         self.collect_guard(act=True)
@@ -420,6 +429,17 @@ class TrainingLoop:
         control.should_epoch_stop = False
         if at_end:
             control.should_training_stop = False  # set for reaching max_steps, no longer true
+
+    def snapshot_for_save(self) -> None:
+        """A save is about to write this boundary (called after its guard read): keep it in
+        the rollback ring too, with exactly the state the checkpoint captures. A run resumed
+        from that checkpoint has an empty ring and rolls back to the checkpoint itself; the
+        uninterrupted run must roll back to the same boundary, or the resume is not bitwise
+        equal to it (save_steps and snapshot_every need not line up)."""
+        if self.snapshots is None or self._rollback_due:  # a rollback still to come undoes this state
+            return
+        if self.snapshots.due(self.trainer.state.global_step, saving=True):
+            self._take_snapshot()
 
     def _take_snapshot(self) -> None:
         """A host copy of this boundary into the rollback ring (blocks for the copy only)."""
