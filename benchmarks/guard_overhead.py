@@ -13,8 +13,10 @@ the same trained model.
 
 With ``--processes 2`` the same rows run on 2 CPU ranks (gloo, started through the
 launcher like ``workbench run --num-processes 2``): what the guard's agreement across ranks
-costs per step (the two flags all-reduced before every optimizer step, so that every rank
-skips the same step). Rows alternate within the run on both ranks; rank 0 prints.
+costs per step: the two flags ride in DDP's gradient all-reduce (distributed/guard_flags.py);
+the row "guard on, own all-reduce" is the design not taken, a gloo all-reduce of the flags
+of their own before every optimizer step. Rows alternate within the run on both ranks;
+rank 0 prints.
 
 Usage: python benchmarks/guard_overhead.py [--steps N] [--repeats R] [--workload mlp|lm|all] [--processes P]
 """
@@ -22,6 +24,7 @@ Usage: python benchmarks/guard_overhead.py [--steps N] [--repeats R] [--workload
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -84,6 +87,8 @@ def print_blocked(title: str, times: dict[str, list[float]]) -> None:
 
 MAKERS = {"mlp": mlp_workload, "lm": lm_workload}
 ROWS = {"guard off": None, "guard on": GUARD_ON}
+OWN_ALL_REDUCE = "guard on, own all-reduce"
+RANK_ROWS = {**ROWS, OWN_ALL_REDUCE: GUARD_ON}
 
 
 def rank_main(opts: argparse.Namespace) -> None:
@@ -98,16 +103,32 @@ def rank_main(opts: argparse.Namespace) -> None:
         work = MAKERS[key]()
         steps = opts.steps or work.steps
         for repeat in range(opts.repeats + 1):
-            names = list(ROWS) if repeat % 2 else list(reversed(ROWS))
+            names = list(RANK_ROWS) if repeat % 2 else list(reversed(RANK_ROWS))
             for name in names:
                 dist.barrier()
-                watch = trainer_run(work, steps, opts.out, ROWS[name])
+                with _own_all_reduce(name == OWN_ALL_REDUCE):
+                    watch = trainer_run(work, steps, opts.out, RANK_ROWS[name])
                 if repeat:
                     results.setdefault(f"{key}|{name}", []).append([steps / watch.loop, 1e6 * watch.loop_cpu / steps])
     if dist.get_rank() == 0:
         Path(opts.out, "guard_ranks.json").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _own_all_reduce(enabled: bool):
+    """The design not taken, for comparison: the flags in an all-reduce of their own every
+    step instead of in the gradients' all-reduce."""
+    from workbench.distributed import guard_flags
+
+    folds = guard_flags.folds_into_gradients
+    if enabled:
+        guard_flags.folds_into_gradients = lambda model: False
+    try:
+        yield
+    finally:
+        guard_flags.folds_into_gradients = folds
 
 
 def launch_ranks(opts: argparse.Namespace) -> int:
@@ -127,7 +148,7 @@ def launch_ranks(opts: argparse.Namespace) -> int:
             return result.returncode
         results = json.loads(Path(out, "guard_ranks.json").read_text())
     for key in _workload_keys(opts):
-        rows = {name: results[f"{key}|{name}"] for name in ROWS}
+        rows = {name: results[f"{key}|{name}"] for name in RANK_ROWS}
         rates = {name: [r[0] for r in runs] for name, runs in rows.items()}
         cpu = {name: f"{statistics.median(r[1] for r in runs):.0f}" for name, runs in rows.items()}
         print_table(f"{MAKERS[key]().title}: {opts.processes} CPU ranks (gloo), {opts.repeats} repeats, "

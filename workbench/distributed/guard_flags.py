@@ -29,7 +29,7 @@ summed); a flag is summed the same way and read as "any rank > 0".
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
 
 import torch
 
@@ -62,7 +62,8 @@ class FlagsInGradients:
     returns this rank's two flags (float 0/1); the agreed flags (1.0 where any rank set one)
     land in ``agreed`` before the backward returns, as DDP waits for its buckets.
     One hook per DDP model: a later monitor (a new ``train()`` on the same wrapped model)
-    takes over the installed one.
+    takes over the installed one; a model with a hook of someone else's raises RuntimeError
+    (the caller then agrees with :func:`all_reduce_flags`).
     """
 
     def __init__(self, model: torch.nn.Module, local_flags: Callable[[], torch.Tensor]) -> None:
@@ -73,10 +74,12 @@ class FlagsInGradients:
             installed.local_flags, installed.agreed = local_flags, self.agreed
             return
         self._group = model.process_group
-        model.register_comm_hook(state=None, hook=self._hook)
+        model.register_comm_hook(state=None, hook=self._hook)  # RuntimeError when one is there
         model._workbench_guard_flags = self
 
-    def _hook(self, state: Any, bucket: Any) -> torch.futures.Future:
+    # No annotations: DDP accepts a hook only if they are missing or the real GradBucket and
+    # Future classes, and this module's annotations are strings.
+    def _hook(self, state, bucket):
         import torch.distributed as dist
 
         group, world = self._group, self._group.size()
