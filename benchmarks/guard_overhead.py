@@ -13,10 +13,10 @@ the same trained model.
 
 With ``--processes 2`` the same rows run on 2 CPU ranks (gloo, started through the
 launcher like ``workbench run --num-processes 2``): what the guard's agreement across ranks
-costs per step: the two flags ride in DDP's gradient all-reduce (distributed/guard_flags.py);
-the row "guard on, own all-reduce" is the design not taken, a gloo all-reduce of the flags
-of their own before every optimizer step. Rows alternate within the run on both ranks;
-rank 0 prints.
+costs per step (the two flags all-reduced before every optimizer step, so that every rank
+skips the same step; distributed/guard_flags.py). The row "guard on, no agreement" leaves
+that all-reduce out (unsafe, for comparison only: it shows the all-reduce's share). Rows
+alternate within the run on both ranks; rank 0 prints.
 
 Usage: python benchmarks/guard_overhead.py [--steps N] [--repeats R] [--workload mlp|lm|all] [--processes P]
 """
@@ -87,8 +87,8 @@ def print_blocked(title: str, times: dict[str, list[float]]) -> None:
 
 MAKERS = {"mlp": mlp_workload, "lm": lm_workload}
 ROWS = {"guard off": None, "guard on": GUARD_ON}
-OWN_ALL_REDUCE = "guard on, own all-reduce"
-RANK_ROWS = {**ROWS, OWN_ALL_REDUCE: GUARD_ON}
+UNAGREED = "guard on, no agreement"
+RANK_ROWS = {**ROWS, UNAGREED: GUARD_ON}
 
 
 def rank_main(opts: argparse.Namespace) -> None:
@@ -106,7 +106,7 @@ def rank_main(opts: argparse.Namespace) -> None:
             names = list(RANK_ROWS) if repeat % 2 else list(reversed(RANK_ROWS))
             for name in names:
                 dist.barrier()
-                with _own_all_reduce(name == OWN_ALL_REDUCE):
+                with _without_agreement(name == UNAGREED):
                     watch = trainer_run(work, steps, opts.out, RANK_ROWS[name])
                 if repeat:
                     results.setdefault(f"{key}|{name}", []).append([steps / watch.loop, 1e6 * watch.loop_cpu / steps])
@@ -117,18 +117,18 @@ def rank_main(opts: argparse.Namespace) -> None:
 
 
 @contextlib.contextmanager
-def _own_all_reduce(enabled: bool):
-    """The design not taken, for comparison: the flags in an all-reduce of their own every
-    step instead of in the gradients' all-reduce."""
-    from workbench.distributed import guard_flags
+def _without_agreement(enabled: bool):
+    """For comparison only (unsafe: a bad step on one rank would split the replicas): the
+    guard with its per-step all-reduce of the flags left out, to show that all-reduce's share."""
+    from workbench.train import guard
 
-    folds = guard_flags.folds_into_gradients
+    agree = guard.all_reduce_flags
     if enabled:
-        guard_flags.folds_into_gradients = lambda model: False
+        guard.all_reduce_flags = lambda flags: None
     try:
         yield
     finally:
-        guard_flags.folds_into_gradients = folds
+        guard.all_reduce_flags = agree
 
 
 def launch_ranks(opts: argparse.Namespace) -> int:

@@ -471,10 +471,6 @@ class PoisonRank1(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         self.model.poison = state.global_step + 1 == 3 and torch.distributed.get_rank() == 1
 
-if sys.argv[3] == "own":  # the GPU design (an all-reduce of the flags of their own), tried on CPU ranks
-    from workbench.distributed import guard_flags
-    guard_flags.folds_into_gradients = lambda model: False
-
 model = Model()
 args = TrainingArguments(sys.argv[1], max_steps=6, per_device_train_batch_size=4, learning_rate=0.05,
                          logging_steps=2, save_strategy="no", report_to="none", disable_tqdm=True,
@@ -483,7 +479,7 @@ trainer = Trainer(model=model, args=args, train_dataset=Data(64), callbacks=[Poi
                   guard=Guard(nonfinite="skip"))
 trainer.train()
 rank = torch.distributed.get_rank()
-out = {"interventions": trainer.state.guard["interventions"], "folded": trainer._before_backward is not None,
+out = {"interventions": trainer.state.guard["interventions"],
        "weights": [p.detach().tolist() for p in model.parameters()]}
 with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
     json.dump(out, f)
@@ -509,15 +505,11 @@ def _launch_ranks(tmp_path, script: str, *argv: str) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optim,agreement", [("adamw_torch_fused", "fold"), ("sgd", "fold"),
-                                             ("adamw_torch_fused", "own")])
-def test_nan_on_one_rank_is_skipped_by_both_at_the_same_step(tmp_path, optim, agreement):
-    """The flags agreed in DDP's gradient all-reduce (CPU ranks) or by an all-reduce of their
-    own (what GPUs do, with NCCL)."""
+@pytest.mark.parametrize("optim", ["adamw_torch_fused", "sgd"])
+def test_nan_on_one_rank_is_skipped_by_both_at_the_same_step(tmp_path, optim):
     import math
 
-    ranks = _launch_ranks(tmp_path, _RANK_SCRIPT, optim, agreement)
-    assert [r["folded"] for r in ranks] == [agreement == "fold"] * 2
+    ranks = _launch_ranks(tmp_path, _RANK_SCRIPT, optim)
     # rank 0's own loss was finite, yet it skipped the same step (the flags were reduced)
     assert [(i["step"], i["rank"]) for i in ranks[0]["interventions"]] == [(3, 0)]
     assert [(i["step"], i["rank"]) for i in ranks[1]["interventions"]] == [(3, 1)]

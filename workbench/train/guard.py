@@ -19,12 +19,12 @@ logging or save point, and records them (events.jsonl, the checkpoint).
 Per-step cost: the checks are ~10 small in-place device ops into preallocated tensors (see
 ``before_step``) and the per-step rows stay on the device until a logging point reads them
 all at once; on an overhead-bound CPU run (benchmarks/guard_overhead.py, the MLP) that is a
-few tens of µs a step, next to the ~20 µs fused AdamW itself spends on ``found_inf``.
+few tens of µs a step, beside the ~20 µs fused AdamW itself spends on ``found_inf``.
 
-Several ranks: the flags of a step are agreed before its optimizer step, so every rank skips
-the same step (distributed/guard_flags.py: an NCCL all-reduce on GPUs, DDP's own gradient
-all-reduce on CPU ranks). Rollback, pause and stop are then decided at logging points from
-the agreed rows, which every rank reads at the same step: no further exchange is needed.
+Several ranks: the flags of a step are agreed before its optimizer step by an all-reduce,
+so every rank skips the same step (distributed/guard_flags.py: stream-ordered on GPUs).
+Rollback, pause and stop are then decided at logging points from the agreed rows, which
+every rank reads at the same step: no further exchange is needed.
 
 Scheduler rule: a skipped step still advances the learning-rate schedule, the step counter
 and the data position. The schedule stays a function of ``global_step`` (what a resume, the
@@ -129,8 +129,7 @@ class GuardMonitor:
     """The guard of one training run: device-side detection and masking, host-side records.
 
     The loop calls ``add_loss`` per micro-batch, ``before_step`` / ``after_step`` around the
-    optimizer step and ``end_step`` after the step counter moved (with the flags agreed in
-    the gradients' all-reduce, ``fold_into`` once and ``backward_loss`` before each backward); ``collect`` (at logging,
+    optimizer step and ``end_step`` after the step counter moved; ``collect`` (at logging,
     save and end points, which synchronize anyway) reads what happened and returns the new
     interventions.
     """
@@ -154,13 +153,6 @@ class GuardMonitor:
         self._factor = torch.tensor(guard.spike_factor, dtype=torch.float32, device=device)
         self._bad = torch.zeros((), dtype=torch.float32, device=device)  # 1.0: skip (found_inf's dtype)
         self._bad_mask = torch.zeros((), dtype=torch.bool, device=device)
-        self._norm_bad = torch.zeros((), dtype=torch.float32, device=device)
-        # Agreement inside the gradients' all-reduce (fold_into): the hook, the loss being
-        # back-propagated, and the row whose flags the last backward agreed (-1: none).
-        self._fold: Any = None
-        self._current: torch.Tensor | None = None
-        self._folded = -1
-        self._fold_spike_on = False
         self._pos = 0  # next ring slot (host int: indexing with it is no sync)
         self._seen = 0  # steps observed; the spike test starts once a window is full
         self._loss: torch.Tensor | None = None
@@ -206,30 +198,32 @@ class GuardMonitor:
           ``g`` are finite and NaN otherwise (``inf - inf`` and ``0 * inf`` are NaN), and
           ``w != w`` is the flag: three ops where ``isfinite`` alone is four kernels;
         - spike: ``threshold = nanmedian(ring) * spike_factor``, ``loss > threshold``;
-        - across processes, the two flags agreed (distributed/guard_flags.py: in the
-          gradients' all-reduce on CPU ranks, a MAX all-reduce on GPUs);
+        - across processes, one all-reduce (MAX) of the row's two flags
+          (distributed/guard_flags.py says why);
         - ``bad = max(nonfinite, spike)`` as a float 0/1: fused Adam's ``found_inf`` as is;
         - the ring takes the loss unless the step is bad.
         """
         count = self._count
-        flags, nonfinite, spike, _, threshold = self._views(count)
+        if count == len(self._row_views):
+            row = self._rows[count]
+            self._row_views.append((row[:2], *row.unbind()))
+        flags, nonfinite, spike, _, threshold = self._row_views[count]
         loss, self._loss = self._loss, None
         self._losses[count] = loss  # a reference: the row's loss column is filled at collect
-        if self._folded == count:
-            # Agreed in the backward (the loss's flags); the gradient norm, computed from the
-            # all-reduced gradients, is the same on every rank: its check needs no agreement.
-            flags.copy_(self._fold.agreed)
-            spike_on = self._fold_spike_on
-            if self._check_nonfinite and isinstance(grad_norm, torch.Tensor):
-                norm_bad = self._norm_bad
-                torch.sub(grad_norm, grad_norm, out=norm_bad)
-                torch.ne(norm_bad, norm_bad, out=norm_bad)
-                torch.maximum(nonfinite, norm_bad, out=nonfinite)
-        else:
-            spike_on = self._detect(loss, grad_norm, nonfinite, spike, threshold)
-            if self.num_processes > 1 and (self._check_nonfinite or spike_on):
-                all_reduce_flags(flags)  # every rank counts the same steps: spike_on is the same on all
-        self._folded = -1
+        if self._check_nonfinite:
+            if isinstance(grad_norm, torch.Tensor):
+                torch.sub(grad_norm, grad_norm, out=nonfinite)
+                nonfinite.add_(loss, alpha=0)
+            else:
+                torch.sub(loss, loss, out=nonfinite)
+            torch.ne(nonfinite, nonfinite, out=nonfinite)
+        spike_on = self._check_spike and self._seen >= self.guard.window
+        if self._check_spike:
+            torch.mul(torch.nanmedian(self._ring), self._factor, out=threshold)
+            if spike_on:
+                torch.gt(loss, threshold, out=spike)  # False for NaN: a non-finite loss is not a spike
+        if self.num_processes > 1 and (self._check_nonfinite or spike_on):
+            all_reduce_flags(flags)  # every rank counts the same steps: spike_on is the same on all
         # The float flag fused Adam reads; without a check that can fire, no flag at all.
         if self._check_nonfinite and spike_on:
             bad = torch.maximum(nonfinite, spike, out=self._bad)
@@ -255,62 +249,6 @@ class GuardMonitor:
             if self._step_bad is not None:
                 self._backup = [(t, t.detach().clone()) for t in self._mutable_tensors()]
                 self._known = {id(t) for t, _ in self._backup}
-
-    def _views(self, count: int) -> tuple[torch.Tensor, ...]:
-        """Row ``count``'s views (flags pair, nonfinite, spike, loss, threshold), made once."""
-        if count == len(self._row_views):
-            row = self._rows[count]
-            self._row_views.append((row[:2], *row.unbind()))
-        return self._row_views[count]
-
-    def _detect(self, loss: torch.Tensor, grad_norm: torch.Tensor | None, nonfinite: torch.Tensor,
-                spike: torch.Tensor, threshold: torch.Tensor) -> bool:
-        """This rank's flags into the row; returns whether the spike test was on."""
-        if self._check_nonfinite:
-            if isinstance(grad_norm, torch.Tensor):
-                torch.sub(grad_norm, grad_norm, out=nonfinite)
-                nonfinite.add_(loss, alpha=0)
-            else:
-                torch.sub(loss, loss, out=nonfinite)
-            torch.ne(nonfinite, nonfinite, out=nonfinite)
-        spike_on = self._check_spike and self._seen >= self.guard.window
-        if self._check_spike:
-            torch.mul(torch.nanmedian(self._ring), self._factor, out=threshold)
-            if spike_on:
-                torch.gt(loss, threshold, out=spike)  # False for NaN: a non-finite loss is not a spike
-        return spike_on
-
-    # -- agreement in the gradients' all-reduce (CPU ranks) ------------------------------
-
-    def fold_into(self, model: torch.nn.Module) -> bool:
-        """Agree on the flags inside ``model``'s gradient all-reduce (a gloo DDP model)
-        instead of with an all-reduce of their own; the loop then calls ``backward_loss``
-        with each micro-batch's loss right before its backward. False when the model has a
-        communication hook of its own already (the flags then get their own all-reduce)."""
-        from workbench.distributed.guard_flags import FlagsInGradients
-
-        try:
-            self._fold = FlagsInGradients(model, self._flags_for_backward)
-        except RuntimeError:
-            return False
-        return True
-
-    def backward_loss(self, loss: torch.Tensor) -> None:
-        """The micro-batch loss about to be back-propagated (its flags go with the gradients)."""
-        self._current = loss.detach()
-
-    def _flags_for_backward(self) -> torch.Tensor:
-        """Called by the gradient all-reduce: this rank's flags of the step's loss so far
-        (the gradient norm is not known yet, and needs no agreement)."""
-        if self._current is None:  # a backward outside training_step: before_step agrees alone
-            return torch.zeros(2, dtype=torch.float32)
-        count = self._count
-        flags, nonfinite, spike, _, threshold = self._views(count)
-        current = self._current.float()
-        loss = current if self._loss is None else self._loss + current  # as add_loss will sum it
-        self._fold_spike_on = self._detect(loss, None, nonfinite, spike, threshold)
-        self._folded = count
-        return flags
 
     def after_step(self) -> None:
         """Put back the pre-step values where the step was bad (optimizers without found_inf)."""

@@ -122,13 +122,6 @@ class TrainingLoop:
         if guard is not None:
             self.guard = GuardMonitor(guard, trainer.optimizer, acc.device, acc.num_processes,
                                       allow_found_inf=self._clip_plain)
-        trainer._before_backward = None
-        if guard is not None and acc.num_processes > 1:
-            from workbench.distributed.guard_flags import folds_into_gradients
-
-            # CPU ranks: the flags go with the gradients, not in a collective of their own per step.
-            if folds_into_gradients(model) and self.guard.fold_into(model):
-                trainer._before_backward = self.guard.backward_loss
         # Rollback's ring of in-memory snapshots (None unless an action is rollback).
         self.snapshots = None
         self._restart: tuple[int, int] | None = None  # set by a rollback: where the data resumes

@@ -519,8 +519,6 @@ class Trainer:
         )
         if not normalized and self.current_gradient_accumulation_steps != 1:
             loss = loss / self.current_gradient_accumulation_steps
-        if self._before_backward is not None:
-            self._before_backward(loss)
         if self._plain_backward:
             loss.backward()
         else:  # loss scaling (fp16) and engines (DeepSpeed) go through Accelerate
@@ -529,7 +527,6 @@ class Trainer:
 
     current_gradient_accumulation_steps = 1
     _plain_backward = False  # set by the loop once it knows there is no scaler or engine
-    _before_backward = None  # set by the loop when the guard's flags ride in the gradients' all-reduce
 
     def prediction_step(self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool,
                         ignore_keys: list[str] | None = None):
