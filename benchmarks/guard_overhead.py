@@ -141,7 +141,6 @@ def launch_ranks(opts: argparse.Namespace) -> int:
         command, env = launcher_command(opts.processes, args + (["--steps", str(opts.steps)] if opts.steps else []))
         env["PYTHONPATH"] = os.pathsep.join([str(repo), str(repo / "benchmarks")])
         env["OMP_NUM_THREADS"] = "1"
-        env.pop("CUDA_VISIBLE_DEVICES", None)
         env["ACCELERATE_USE_CPU"] = "1"  # the gloo case: the one where an all-reduce blocks the host
         result = subprocess.run(command, env=env)
         if result.returncode:

@@ -12,9 +12,9 @@ on the default group, right before the optimizer step (:func:`all_reduce_flags`)
 - **CPU ranks (gloo)**: the all-reduce blocks the host, right after the gradients'
   all-reduce and the clipping, when the ranks are aligned anyway. Measured on 2 CPU ranks
   (benchmarks/guard_overhead.py --processes 2, MLP, 2 cores shared with other jobs, load
-  4-8): guard on vs off 0.80-0.99 of steps/s across runs, against 0.97 for the guard with
-  the agreement left out; so the agreement is most of the cost there, and it varies with
-  the machine's load (a collective waits for the slower rank). The alternative, the flags
+  3-8): guard on vs off 0.80-0.99 of steps/s across five runs, against 0.97 and 1.05 for
+  the guard with the agreement left out; so the agreement is most of the cost there, and it
+  varies with the machine's load (a collective waits for the slower rank). The alternative, the flags
   folded into DDP's own gradient all-reduce through a communication hook (commit 2f38274),
   measured no better side by side (fold 0.94 / 0.96 / 0.82 / 0.83 vs this 0.95 / 0.99 /
   0.80 / 0.80) while replacing DDP's built-in C++ all-reduce by a Python hook and needing
