@@ -11,14 +11,27 @@ weights, optimizer, schedule and RNG: checkpoint/snapshots.py) side by side with
 synchronous checkpoint save (copies plus writing, hashing and publishing the files), on
 the same trained model.
 
-Usage: python benchmarks/guard_overhead.py [--steps N] [--repeats R] [--workload mlp|lm|all]
+With ``--processes 2`` the same rows run on 2 CPU ranks (gloo, started through the
+launcher like ``workbench run --num-processes 2``): what the guard's agreement across ranks
+costs per step (the two flags all-reduced before every optimizer step, so that every rank
+skips the same step; distributed/guard_flags.py). The row "guard on, no agreement" leaves
+that all-reduce out (unsafe, for comparison only: it shows the all-reduce's share). Rows
+alternate within the run on both ranks; rank 0 prints.
+
+Usage: python benchmarks/guard_overhead.py [--steps N] [--repeats R] [--workload mlp|lm|all] [--processes P]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
 import tempfile
 from functools import partial
+from pathlib import Path
 
 import torch
 from _timing import print_table, round_robin
@@ -72,19 +85,101 @@ def print_blocked(title: str, times: dict[str, list[float]]) -> None:
         print(f"{name:<20} {med:>10.2f} {min(values):>8.2f} {max(values):>8.2f} {med / base:>8.2f}")
 
 
-def main() -> None:
+MAKERS = {"mlp": mlp_workload, "lm": lm_workload}
+ROWS = {"guard off": None, "guard on": GUARD_ON}
+UNAGREED = "guard on, no agreement"
+RANK_ROWS = {**ROWS, UNAGREED: GUARD_ON}
+
+
+def rank_main(opts: argparse.Namespace) -> None:
+    """One rank of ``--processes``: every row once per repetition on every rank (the order
+    alternates; the first repetition warms up); rank 0 writes steps/s and CPU µs per step."""
+    import torch.distributed as dist
+    from accelerate import PartialState
+
+    PartialState()  # joins the process group the launcher set up (the Trainers reuse it)
+    results: dict[str, list[list[float]]] = {}
+    for key in _workload_keys(opts):
+        work = MAKERS[key]()
+        steps = opts.steps or work.steps
+        for repeat in range(opts.repeats + 1):
+            names = list(RANK_ROWS) if repeat % 2 else list(reversed(RANK_ROWS))
+            for name in names:
+                dist.barrier()
+                with _without_agreement(name == UNAGREED):
+                    watch = trainer_run(work, steps, opts.out, RANK_ROWS[name])
+                if repeat:
+                    results.setdefault(f"{key}|{name}", []).append([steps / watch.loop, 1e6 * watch.loop_cpu / steps])
+    if dist.get_rank() == 0:
+        Path(opts.out, "guard_ranks.json").write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _without_agreement(enabled: bool):
+    """For comparison only (unsafe: a bad step on one rank would split the replicas): the
+    guard with its per-step all-reduce of the flags left out, to show that all-reduce's share."""
+    from workbench.train import guard
+
+    agree = guard.all_reduce_flags
+    if enabled:
+        guard.all_reduce_flags = lambda flags: None
+    try:
+        yield
+    finally:
+        guard.all_reduce_flags = agree
+
+
+def launch_ranks(opts: argparse.Namespace) -> int:
+    """Start ``opts.processes`` CPU ranks running this script, then print rank 0's table."""
+    from workbench.distributed.launch import launcher_command
+
+    repo = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as out:
+        args = [__file__, "--repeats", str(opts.repeats), "--workload", opts.workload, "--out", out]
+        command, env = launcher_command(opts.processes, args + (["--steps", str(opts.steps)] if opts.steps else []))
+        env["PYTHONPATH"] = os.pathsep.join([str(repo), str(repo / "benchmarks")])
+        env["OMP_NUM_THREADS"] = "1"
+        env["ACCELERATE_USE_CPU"] = "1"  # the gloo case: the one where an all-reduce blocks the host
+        result = subprocess.run(command, env=env)
+        if result.returncode:
+            return result.returncode
+        results = json.loads(Path(out, "guard_ranks.json").read_text())
+    for key in _workload_keys(opts):
+        rows = {name: results[f"{key}|{name}"] for name in RANK_ROWS}
+        rates = {name: [r[0] for r in runs] for name, runs in rows.items()}
+        cpu = {name: f"{statistics.median(r[1] for r in runs):.0f}" for name, runs in rows.items()}
+        print_table(f"{MAKERS[key]().title}: {opts.processes} CPU ranks (gloo), {opts.repeats} repeats, "
+                    "alternating (median)", rates, "guard off", {"cpu µs/step": cpu})
+        print()
+    return 0
+
+
+def _workload_keys(opts: argparse.Namespace) -> tuple[str, ...]:
+    return ("mlp", "lm") if opts.workload == "all" else (opts.workload,)
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workload", choices=("mlp", "lm", "all"), default="all")
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)  # set for the ranks
     opts = parser.parse_args()
     torch.set_num_threads(1)
-    makers = {"mlp": mlp_workload, "lm": lm_workload}
-    for key in ("mlp", "lm") if opts.workload == "all" else (opts.workload,):
+    if "WORLD_SIZE" in os.environ:
+        rank_main(opts)
+        return 0
+    if opts.processes > 1:
+        return launch_ranks(opts)
+    makers = MAKERS
+    for key in _workload_keys(opts):
         work = makers[key]()
         steps = opts.steps or work.steps
         with tempfile.TemporaryDirectory() as out:
-            rows = {"guard off": partial(trainer_run, guard=None), "guard on": partial(trainer_run, guard=GUARD_ON)}
+            rows = {name: partial(trainer_run, guard=guard) for name, guard in ROWS.items()}
             for runner in rows.values():  # warm-up: imports, allocator, first calls
                 runner(work, max(steps // 10, 5), out)
             results = round_robin({name: partial(r, work, steps, out) for name, r in rows.items()}, opts.repeats)
@@ -97,7 +192,8 @@ def main() -> None:
             print_blocked(f"{work.title}: blocked per rollback snapshot vs checkpoint save, {opts.repeats} repeats",
                           blocked_ms(work, out, opts.repeats))
         print()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

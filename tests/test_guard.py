@@ -359,6 +359,51 @@ def test_a_snapshot_lists_the_newest_interventions_and_counts_all(tmp_path):
     assert all(torch.isfinite(w).all() for w in weights(trainer))
 
 
+def _guarded_steps(guard: Guard, fused: bool, steps: list[tuple[float, float]], collect_at: set[int]):
+    """Drive a GuardMonitor by hand with (loss, grad norm) pairs; returns (step, kind) of the
+    interventions and the steps whose update left the weights unchanged."""
+    from workbench.train.guard import GuardMonitor
+
+    param = nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.AdamW([param], lr=0.1, fused=fused)
+    monitor = GuardMonitor(guard, optimizer, torch.device("cpu"))
+    kinds, unchanged = [], []
+    for step, (loss, norm) in enumerate(steps, start=1):
+        before = param.detach().clone()
+        param.grad = torch.full((3,), 0.5)
+        monitor.add_loss(torch.tensor(loss))
+        monitor.before_step(torch.tensor(norm))
+        optimizer.step()
+        monitor.after_step()
+        monitor.end_step(step, 0, step - 1, step - 1)
+        if torch.equal(param, before):
+            unchanged.append(step)
+        if step in collect_at or step == len(steps):
+            kinds += [(r["step"], r["kind"]) for r in monitor.collect()]
+    return kinds, unchanged
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_nonfinite_is_exactly_a_nan_or_inf_loss_or_grad_norm(fused):
+    """Not a finite pair whose sum overflows; a flagged step leaves the weights alone."""
+    inf, nan = float("inf"), float("nan")
+    steps = [(1.0, 1.0), (1.0, inf), (-inf, 1.0), (1e38, 3e38), (nan, 1.0), (1.0, nan), (1.0, 1.0)]
+    kinds, unchanged = _guarded_steps(Guard(nonfinite="skip"), fused, steps, {3})
+    assert kinds == [(2, "nonfinite"), (3, "nonfinite"), (5, "nonfinite"), (6, "nonfinite")]
+    assert unchanged == [2, 3, 5, 6]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_spikes_against_the_running_median_and_rows_reused_after_a_collect(fused):
+    """window 2, factor 10: the median of the accepted losses sets the bar; bad steps stay out
+    of it; the rows read at step 3 are reused by steps 4-6 without carrying a flag over."""
+    steps = [(1.0, 1.0), (2.0, 1.0), (50.0, 1.0), (float("nan"), 1.0), (1.0, 1.0), (1.0, 1.0), (30.0, 1.0)]
+    guard = Guard(nonfinite="skip", spike="skip", window=2, spike_factor=10.0)
+    kinds, unchanged = _guarded_steps(guard, fused, steps, {3})
+    assert kinds == [(3, "spike"), (4, "nonfinite"), (7, "spike")]
+    assert unchanged == [3, 4, 7]
+
+
 def test_no_host_syncs_on_non_logging_steps_with_the_guard_on(tmp_path, monkeypatch):
     from test_session import SyncCounter, _sync_trainer
 
@@ -533,29 +578,35 @@ def test_empty_ring_rolls_back_from_the_newest_checkpoint(tmp_path):
 
 # ------------------------------------------------------------------------ several ranks
 
-_RANK_SCRIPT = '''
+# Both scripts: a linear model whose loss is multiplied by ``factor`` while ``poison`` is set,
+# and data rows that carry their sample id.
+_RANK_PRELUDE = '''
 import json, sys
 import torch
 from torch import nn
 from workbench import Guard, Trainer, TrainerCallback, TrainingArguments
 
 class Model(nn.Module):
-    def __init__(self):
+    def __init__(self, factor="nan"):
         super().__init__()
         torch.manual_seed(1)
         self.lin = nn.Linear(4, 1)
-        self.poison = False
-    def forward(self, x, labels=None):
+        self.poison, self.factor = False, float(factor)
+    def forward(self, x, labels=None, idx=None):
         loss = ((self.lin(x) - labels) ** 2).mean()
-        return {"loss": loss * float("nan") if self.poison else loss}
+        return {"loss": loss * self.factor if self.poison else loss}
 
 class Data(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.n = n
     def __len__(self):
-        return 64
+        return self.n
     def __getitem__(self, i):
         g = torch.Generator().manual_seed(i)
-        return {"x": torch.randn(4, generator=g), "labels": torch.randn(1, generator=g)}
+        return {"x": torch.randn(4, generator=g), "labels": torch.randn(1, generator=g), "idx": i}
+'''
 
+_RANK_SCRIPT = _RANK_PRELUDE + '''
 class PoisonRank1(TrainerCallback):
     """Only rank 1's loss of step 3 is NaN."""
     def __init__(self, model):
@@ -567,7 +618,7 @@ model = Model()
 args = TrainingArguments(sys.argv[1], max_steps=6, per_device_train_batch_size=4, learning_rate=0.05,
                          logging_steps=2, save_strategy="no", report_to="none", disable_tqdm=True,
                          optim=sys.argv[2])
-trainer = Trainer(model=model, args=args, train_dataset=Data(), callbacks=[PoisonRank1(model)],
+trainer = Trainer(model=model, args=args, train_dataset=Data(64), callbacks=[PoisonRank1(model)],
                   guard=Guard(nonfinite="skip"))
 trainer.train()
 rank = torch.distributed.get_rank()
@@ -578,24 +629,30 @@ with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
 '''
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("optim", ["adamw_torch_fused", "sgd"])
-def test_nan_on_one_rank_is_skipped_by_both_at_the_same_step(tmp_path, optim):
+def _launch_ranks(tmp_path, script: str, *argv: str) -> list[dict]:
+    """Run ``script`` on 2 CPU ranks through the real launcher; each rank's JSON result."""
     import json
-    import math
     import subprocess
 
     from workbench.distributed.launch import launcher_command
 
-    script = tmp_path / "ranks.py"
-    script.write_text(_RANK_SCRIPT)
+    path = tmp_path / "ranks.py"
+    path.write_text(script)
     out = tmp_path / "out"
-    command, env = launcher_command(2, [str(script), str(out), optim])
+    command, env = launcher_command(2, [str(path), str(out), *argv])
     repo = str(__import__("pathlib").Path(__file__).resolve().parents[1])
     env = {**env, "PYTHONPATH": repo, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optim", ["adamw_torch_fused", "sgd"])
+def test_nan_on_one_rank_is_skipped_by_both_at_the_same_step(tmp_path, optim):
+    import math
+
+    ranks = _launch_ranks(tmp_path, _RANK_SCRIPT, optim)
     # rank 0's own loss was finite, yet it skipped the same step (the flags were reduced)
     assert [(i["step"], i["rank"]) for i in ranks[0]["interventions"]] == [(3, 0)]
     assert [(i["step"], i["rank"]) for i in ranks[1]["interventions"]] == [(3, 1)]
@@ -608,3 +665,63 @@ def test_nan_on_one_rank_is_skipped_by_both_at_the_same_step(tmp_path, optim):
     assert ranks[0]["weights"] == ranks[1]["weights"]  # the replicas stayed equal
     assert all(math.isfinite(v) for w in ranks[0]["weights"] for row in (w if isinstance(w[0], list) else [w])
                for v in row)
+
+
+_ROLLBACK_RANK_SCRIPT = _RANK_PRELUDE + '''
+class PoisonRank1Once(TrainerCallback):
+    """Rank 1's loss of the first step 6 is bad (NaN or 1000x); every step's sample ids are kept."""
+    def __init__(self, model):
+        self.model, self.trainer, self.order, self.bad = model, None, [], None
+    def on_step_begin(self, args, state, control, **kwargs):
+        ids = self.trainer.last_inputs["idx"].tolist()
+        self.order.append([state.global_step + 1, ids])
+        self.model.poison = self.bad is None and state.global_step + 1 == 6
+        if self.model.poison:
+            self.bad = ids  # this rank's samples of the bad step (rank 0's were fine)
+        self.model.poison = self.model.poison and torch.distributed.get_rank() == 1
+
+model = Model(sys.argv[2])
+args = TrainingArguments(sys.argv[1], max_steps=12, per_device_train_batch_size=4, learning_rate=0.05,
+                         logging_steps=4, save_strategy="no", report_to="none", disable_tqdm=True,
+                         seed=3, optim="adamw_torch_fused")
+poison = PoisonRank1Once(model)
+guard = Guard(nonfinite="rollback", spike="rollback", spike_factor=20.0, window=4, snapshot_every=4,
+              snapshots=2, rollback_skip=1)
+# 128 rows: 16 steps an epoch, so no sample comes twice in the run
+trainer = Trainer(model=model, args=args, train_dataset=Data(128), callbacks=[poison], guard=guard)
+poison.trainer = trainer
+trainer.train()
+rank = torch.distributed.get_rank()
+out = {"interventions": trainer.state.guard["interventions"], "order": poison.order, "bad": poison.bad,
+       "step": trainer.state.global_step, "weights": [p.detach().tolist() for p in model.parameters()]}
+with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
+    json.dump(out, f)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("factor,kind", [("nan", "nonfinite"), ("1000", "spike")])
+def test_bad_step_on_one_rank_rolls_back_both_at_the_same_step(tmp_path, factor, kind):
+    import math
+
+    ranks = _launch_ranks(tmp_path, _ROLLBACK_RANK_SCRIPT, factor)
+    out = tmp_path / "out"
+    for rank, data in enumerate(ranks):
+        # Both ranks found the bad step 6 (rank 0 through the reduced flags) at the log point of
+        # step 8, and both went back to the snapshot of step 4.
+        (record,) = data["interventions"]
+        assert (record["step"], record["rank"], record["kind"], record["action"]) == (6, rank, kind, "rollback")
+        assert (record["restored_step"], record["source"], record["skipped_batches"]) == (4, "memory", 3)
+        assert data["step"] == 12
+        steps = [step for step, _ in data["order"]]
+        assert steps == [1, 2, 3, 4, 5, 6, 7, 8, 5, 6, 7, 8, 9, 10, 11, 12]
+        # This rank's samples of the bad step are never trained again after the rollback.
+        after = [i for _, ids in data["order"][8:] for i in ids]
+        assert data["bad"] and not set(data["bad"]) & set(after)
+    assert ranks[0]["bad"] != ranks[1]["bad"]  # each rank had its own shard of the bad step
+    assert ranks[0]["interventions"][0]["value"] != ranks[1]["interventions"][0]["value"]  # only rank 1's was bad
+    assert ranks[0]["weights"] == ranks[1]["weights"]  # the replicas stayed equal
+    assert all(math.isfinite(v) for w in ranks[0]["weights"] for row in (w if isinstance(w[0], list) else [w])
+               for v in row)
+    events = [e for e in read_events(out) if e["event"] == "guard"]
+    assert [(e["step"], e["action"], e["restored_step"]) for e in events] == [(6, "rollback", 4)]

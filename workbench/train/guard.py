@@ -16,6 +16,16 @@ state untouched), or, for other optimizers, by putting the pre-step values back 
 ``torch.where`` on a device boolean. The host learns about the interventions later, at a
 logging or save point, and records them (events.jsonl, the checkpoint).
 
+Per-step cost: the checks are ~10 small in-place device ops into preallocated tensors (see
+``before_step``) and the per-step rows stay on the device until a logging point reads them
+all at once; on an overhead-bound CPU run (benchmarks/guard_overhead.py, the MLP) that is a
+few tens of µs a step, beside the ~20 µs fused AdamW itself spends on ``found_inf``.
+
+Several ranks: the flags of a step are agreed before its optimizer step by an all-reduce,
+so every rank skips the same step (distributed/guard_flags.py: stream-ordered on GPUs).
+Rollback, pause and stop are then decided at logging points from the agreed rows, which
+every rank reads at the same step: no further exchange is needed.
+
 Scheduler rule: a skipped step still advances the learning-rate schedule, the step counter
 and the data position. The schedule stays a function of ``global_step`` (what a resume, the
 other ranks and a live LR edit all assume), and deciding otherwise would need the flag on
@@ -31,6 +41,7 @@ from typing import Any
 
 import torch
 
+from workbench.distributed.guard_flags import all_reduce_flags
 from workbench.train.args import ArgumentError
 
 
@@ -139,19 +150,31 @@ class GuardMonitor:
         self.optimizer = getattr(optimizer, "optimizer", optimizer)
         # A loss scaler sets found_inf itself (and would overwrite ours): mask instead there.
         self._found_inf = allow_found_inf and _supports_found_inf(self.optimizer)
+        self._check_nonfinite = guard.nonfinite != "off"
+        self._check_spike = guard.spike != "off"
         self._ring = torch.full((guard.window,), float("nan"), dtype=torch.float32, device=device)
-        self._false = torch.zeros((), dtype=torch.bool, device=device)  # constants, made once
-        self._nan = torch.full((), float("nan"), dtype=torch.float32, device=device)
+        self._slots = self._ring.unbind()  # one view per slot, made once (a view costs an op's overhead)
+        # Constants and outputs made once: each step writes into them (out=), no allocation.
+        self._zero = torch.zeros((), dtype=torch.float32, device=device)
+        self._factor = torch.tensor(guard.spike_factor, dtype=torch.float32, device=device)
+        self._bad = torch.zeros((), dtype=torch.float32, device=device)  # 1.0: skip (found_inf's dtype)
+        self._bad_mask = torch.zeros((), dtype=torch.bool, device=device)
         self._pos = 0  # next ring slot (host int: indexing with it is no sync)
         self._seen = 0  # steps observed; the spike test starts once a window is full
         self._loss: torch.Tensor | None = None
-        self._bad: torch.Tensor | None = None
-        self._row: torch.Tensor | None = None
+        self._step_bad: torch.Tensor = self._zero  # this step's flag, for after_step's masking
         self._backup: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._known: set[int] = set()
-        # One row per step not read yet: (step, epoch, first batch, last batch) on the host,
-        # (nonfinite, spike, loss, threshold) on the device.
-        self._pending: list[tuple[tuple[int, int, int, int], torch.Tensor]] = []
+        # One row per step not read yet, preallocated on the device and written in place:
+        # (nonfinite, spike, loss, threshold); beside it on the host, where the step's data
+        # came from: (step, epoch, first batch, last batch). A threshold stays NaN when the
+        # spike check is off.
+        self._rows = torch.zeros((MAX_PENDING, 4), dtype=torch.float32, device=device)
+        self._rows[:, 3] = float("nan")
+        self._row_views: list[tuple[torch.Tensor, ...]] = []  # per row, made on first use
+        self._where: list[tuple[int, int, int, int] | None] = [None] * MAX_PENDING
+        self._losses: list[torch.Tensor | None] = [None] * MAX_PENDING
+        self._count = 0  # rows written since the last collect
         self.interventions: list[dict[str, Any]] = []
         self.new: list[dict[str, Any]] = []  # found by the last collect
         # Data the run jumped over (rollbacks), so the data position is no longer a function
@@ -166,52 +189,81 @@ class GuardMonitor:
 
     def add_loss(self, loss: torch.Tensor) -> None:
         """One micro-batch's (scaled) loss; their sum is the step's loss."""
-        loss = loss.float()  # no-op for float32 losses
+        loss = loss.float()  # no-op for float32 losses; half-precision ones are summed in float32
         self._loss = loss if self._loss is None else self._loss + loss
 
     def before_step(self, grad_norm: torch.Tensor | None) -> None:
-        """Decide on the device whether this step is bad and arm the optimizer to skip it."""
-        guard, loss = self.guard, self._loss
-        # Few, allocation-free ops: on an overhead-bound CPU run each small op costs ~10 µs.
-        nonfinite = spike = self._false
-        if guard.nonfinite != "off":
-            # NaN/inf in either makes the sum non-finite: one isfinite instead of two.
-            total = loss + grad_norm if isinstance(grad_norm, torch.Tensor) else loss
-            nonfinite = torch.isfinite(total).logical_not_()
-        threshold = self._nan
-        if guard.spike != "off":
-            threshold = torch.nanmedian(self._ring) * guard.spike_factor
-            if self._seen >= guard.window:
-                spike = loss > threshold  # False for NaN: a non-finite loss is not a spike
-        bad = nonfinite if spike is self._false else nonfinite | spike
-        if self.num_processes > 1:
-            # Every rank skips the same step: a device all-reduce of the flag (no host sync).
-            import torch.distributed as dist
+        """Decide on the device whether this step is bad and arm the optimizer to skip it.
 
-            flags = torch.stack([nonfinite, spike]).to(torch.int32)
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            nonfinite, spike = flags[0].bool(), flags[1].bool()
-            bad = nonfinite | spike
-        if guard.spike != "off":
-            # Only accepted losses enter the running median: a spike must not raise its own bar.
-            self._ring[self._pos] = torch.where(bad, self._ring[self._pos], loss)
-            self._pos = (self._pos + 1) % guard.window
-        self._seen += 1
-        self._bad = bad
-        self._row = torch.stack([nonfinite, spike, loss, threshold])  # promoted to float: one op
-        self._loss = None
-        if self._found_inf:
-            self.optimizer.found_inf = bad.float()
+        On an overhead-bound run every small op costs ~3 µs of host time, so this is a
+        fixed sequence of in-place ops into preallocated tensors (no stack, no allocation
+        but nanmedian's result):
+
+        - the loss is kept by reference (no op): ``collect`` writes it into the rows;
+        - nonfinite: ``w = (g - g) + 0 * loss`` is 0 when the loss and the gradient norm
+          ``g`` are finite and NaN otherwise (``inf - inf`` and ``0 * inf`` are NaN), and
+          ``w != w`` is the flag: three ops where ``isfinite`` alone is four kernels;
+        - spike: ``threshold = nanmedian(ring) * spike_factor``, ``loss > threshold``;
+        - across processes, one all-reduce (MAX) of the row's two flags
+          (distributed/guard_flags.py says why);
+        - ``bad = max(nonfinite, spike)`` as a float 0/1: fused Adam's ``found_inf`` as is;
+        - the ring takes the loss unless the step is bad.
+        """
+        count = self._count
+        if count == len(self._row_views):
+            row = self._rows[count]
+            self._row_views.append((row[:2], *row.unbind()))
+        flags, nonfinite, spike, _, threshold = self._row_views[count]
+        loss, self._loss = self._loss, None
+        self._losses[count] = loss  # a reference: the row's loss column is filled at collect
+        if self._check_nonfinite:
+            if isinstance(grad_norm, torch.Tensor):
+                torch.sub(grad_norm, grad_norm, out=nonfinite)
+                nonfinite.add_(loss, alpha=0)
+            else:
+                torch.sub(loss, loss, out=nonfinite)
+            torch.ne(nonfinite, nonfinite, out=nonfinite)
+        spike_on = self._check_spike and self._seen >= self.guard.window
+        if self._check_spike:
+            torch.mul(torch.nanmedian(self._ring), self._factor, out=threshold)
+            if spike_on:
+                torch.gt(loss, threshold, out=spike)  # False for NaN: a non-finite loss is not a spike
+        if self.num_processes > 1 and (self._check_nonfinite or spike_on):
+            all_reduce_flags(flags)  # every rank counts the same steps: spike_on is the same on all
+        # The float flag fused Adam reads; without a check that can fire, no flag at all.
+        if self._check_nonfinite and spike_on:
+            bad = torch.maximum(nonfinite, spike, out=self._bad)
+        elif self._check_nonfinite:
+            bad = nonfinite
+        elif spike_on:
+            bad = spike
         else:
-            self._backup = [(t, t.detach().clone()) for t in self._mutable_tensors()]
-            self._known = {id(t) for t, _ in self._backup}
+            bad = None
+        if self._check_spike:
+            # Only accepted losses enter the running median: a spike must not raise its own bar.
+            slot = self._slots[self._pos]
+            if bad is None:
+                slot.copy_(loss)
+            else:
+                torch.where(torch.ne(bad, self._zero, out=self._bad_mask), slot, loss, out=slot)
+            self._pos = (self._pos + 1) % self.guard.window
+        self._seen += 1
+        if self._found_inf:
+            self.optimizer.found_inf = bad
+        else:
+            self._step_bad = torch.ne(bad, self._zero, out=self._bad_mask) if bad is not None else None
+            if self._step_bad is not None:
+                self._backup = [(t, t.detach().clone()) for t in self._mutable_tensors()]
+                self._known = {id(t) for t, _ in self._backup}
 
     def after_step(self) -> None:
         """Put back the pre-step values where the step was bad (optimizers without found_inf)."""
         if self._found_inf:
             self.optimizer.found_inf = None  # a later plain step() must not see a stale flag
             return
-        bad = self._bad
+        bad = self._step_bad
+        if bad is None:
+            return
         for tensor, old in self._backup:
             if tensor.device == bad.device:  # host-side counters cannot be masked without a sync
                 tensor.data.copy_(torch.where(bad, old, tensor.data))
@@ -223,24 +275,26 @@ class GuardMonitor:
         self._backup, self._known = [], set()
 
     def end_step(self, step: int, epoch: int, first_batch: int, last_batch: int) -> None:
-        """Remember this step's flags (a device tensor) with where its data came from."""
-        self._pending.append(((step, epoch, first_batch, last_batch), self._row))
-        self._row = None
+        """Remember where this step's data came from, beside its row on the device."""
+        self._where[self._count] = (step, epoch, first_batch, last_batch)
+        self._count += 1
 
     def due(self) -> bool:
         """Whether the records kept on the device should be read now (bounded memory)."""
-        return len(self._pending) >= MAX_PENDING
+        return self._count >= MAX_PENDING
 
     # -- at synchronizing points (host) ---------------------------------------------------
 
     def collect(self, rank: int = 0) -> list[dict[str, Any]]:
         """Read the flags of the steps since the last call (one host sync) and return the
         interventions among them, also appended to ``self.interventions``."""
-        if not self._pending:
+        count = self._count
+        if not count:
             return []
-        rows = torch.stack([row for _, row in self._pending]).tolist()  # host sync: a logging/save point
+        self._rows[:count, 2] = torch.stack(self._losses[:count])
+        rows = self._rows[:count].tolist()  # host sync: a logging/save point
         found = []
-        for (where, (nonfinite, spike, loss, threshold)) in zip((w for w, _ in self._pending), rows):
+        for (where, (nonfinite, spike, loss, threshold)) in zip(self._where[:count], rows):
             if not (nonfinite or spike):
                 continue
             step, epoch, first, last = where
@@ -251,7 +305,10 @@ class GuardMonitor:
                       "epoch": epoch, "batches": [first, last]}
             record.update(self.sample_ids(epoch, first, last))
             found.append(record)
-        self._pending = []
+        self._count = 0
+        self._losses[:count] = [None] * count
+        if self._check_spike:
+            self._rows[:count, 1].zero_()  # the only column a step may leave unwritten
         self.interventions.extend(found)
         return found
 
