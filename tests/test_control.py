@@ -87,8 +87,8 @@ def test_protocol_messages_and_limits():
         decode_request(b" " * (MAX_LINE + 1))
     points = [(i, float(i)) for i in range(1000)]
     thin = downsample(points, 10)
-    assert len(thin) == 10 and thin[0] == [0, 0.0] and thin[-1] == [999, 999.0]
-    assert downsample(points[:5], 10) == [list(p) for p in points[:5]]
+    assert len(thin) == 10 and thin[0] == (0, 0.0) and thin[-1] == (999, 999.0)
+    assert downsample(points[:5], 10) == points[:5]
 
 
 def test_snapshot_survives_the_wire(tmp_path, sessions):

@@ -158,15 +158,16 @@ def event_from_dict(data: Mapping[str, Any]) -> SessionEvent:
                         data=dict(data.get("data") or {}))
 
 
-def downsample(points: Sequence[tuple[int, float]], limit: int) -> list[list[float]]:
+def downsample(points: Sequence[tuple[int, float]], limit: int) -> list[tuple[int, float]]:
     """At most ``limit`` points spread evenly over ``points``, the first and last kept
-    (the run's side thins a curve so a remote chart gets only what it can draw)."""
+    (the run's side thins a curve so a remote chart gets only what it can draw). The points
+    themselves are not copied: json writes the (step, value) tuples as arrays."""
     n = len(points)
     if limit <= 0:
         return []
     if n <= limit:
-        return [list(p) for p in points]
+        return list(points)
     if limit == 1:
-        return [list(points[-1])]
+        return [points[-1]]
     picks = sorted({round(i * (n - 1) / (limit - 1)) for i in range(limit)})
-    return [list(points[i]) for i in picks]
+    return [points[i] for i in picks]
