@@ -92,8 +92,8 @@ def test_protocol_messages_and_limits():
         decode_request(b" " * (MAX_LINE + 1))
     points = [(i, float(i)) for i in range(1000)]
     thin = downsample(points, 10)
-    assert len(thin) == 10 and thin[0] == [0, 0.0] and thin[-1] == [999, 999.0]
-    assert downsample(points[:5], 10) == [list(p) for p in points[:5]]
+    assert len(thin) == 10 and thin[0] == (0, 0.0) and thin[-1] == (999, 999.0)
+    assert downsample(points[:5], 10) == points[:5]
 
 
 def test_snapshot_survives_the_wire(tmp_path, sessions):
@@ -653,7 +653,13 @@ def test_attached_dashboard_resumes_a_headless_run_from_a_checkpoint_in_its_proc
                     await pilot.pause(0.05)
 
         asyncio.run(main())
-        wait_for(lambda: session.status == Status.RUNNING and session.snapshot().step > 5, "the restarted run")
+
+        def restarted() -> bool:
+            kinds = [e.kind for e in session.events_since(0)[0]]
+            return "started" in kinds[kinds.index("resume_from"):] and session.snapshot().step > 6
+
+        wait_for(restarted, "the restarted run to train")
+        assert session.status == Status.RUNNING
         assert worker.is_alive() and (out / CONTROL_FILE).exists()  # same thread, same endpoint
         starts = [e for e in read_events(out) if e["event"] == "start"]
         assert [s["step"] for s in starts] == [0, 5]

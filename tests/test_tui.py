@@ -32,7 +32,9 @@ from workbench.models import TinyGPT
 from workbench.session.state import CheckpointRow, Intervention, MemoryUsage, SessionEvent, Snapshot
 from workbench.train.edits import validate_edits
 from workbench.widgets.tui import DashboardApp
+from workbench.widgets.tui.charts import Chart
 from workbench.widgets.tui.checkpoints import CheckpointsScreen
+from workbench.widgets.tui.dashboard import CHART_BUDGET, CHART_INTERVAL, CHART_INTERVAL_MAX
 from workbench.widgets.tui.dialogs import ConfirmDialog, QuitDialog
 from workbench.widgets.tui.forms import BranchForm, EditForm
 from workbench.widgets.tui.inspect import InspectScreen
@@ -268,6 +270,23 @@ def test_e_evaluates_and_adds_a_point_to_the_loss_chart(tmp_path):
         await wait_for(pilot, lambda: session.status == "paused", "the pause")
         await press(pilot, "e")
         await wait_for(pilot, lambda: len(chart.plotted.get("eval_loss", [])) == 3, "the paused eval point")
+
+    drive(session, scenario)
+
+
+def test_chart_redraws_are_spaced_by_what_the_draws_cost(tmp_path):
+    # An attached dashboard must stay light on a loaded machine: slow chart builds are
+    # spaced further apart, so the charts use at most CHART_BUDGET of a core.
+    session, _ = tiny_session(tmp_path / "run")
+
+    async def scenario(app, pilot):
+        charts = list(app.dashboard.query(Chart))
+        assert len(charts) == 2
+        await wait_for(pilot, lambda: all(c.build_seconds > 0 for c in charts), "each chart's first build, timed")
+        for cost, interval in ((0.0, CHART_INTERVAL), (0.1, 0.2 / CHART_BUDGET), (1.0, CHART_INTERVAL_MAX)):
+            for chart in charts:
+                chart.build_seconds = cost
+            assert app.dashboard.chart_interval() == pytest.approx(interval)
 
     drive(session, scenario)
 

@@ -88,3 +88,8 @@ class MemoryUsage(_PlainRecord):
     device_peak: int | None
     host_rss: int
     host_peak: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The reading as a plain dict (numbers and a word: no deep copy needed, and a control
+        server converts one per published snapshot)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}

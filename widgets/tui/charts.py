@@ -8,6 +8,7 @@ dashboard calls ``show`` at a throttled rate.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,7 +16,7 @@ from textual_plotext import PlotextPlot
 
 from workbench.widgets.view import GUARD_COLORS, Point, downsample, fmt_number, smooth
 
-__all__ = ["LossChart", "RateChart", "step_ticks"]
+__all__ = ["Chart", "LossChart", "RateChart", "step_ticks"]
 
 
 def step_ticks(lo: int, hi: int, count: int = 5) -> list[int]:
@@ -43,7 +44,7 @@ def _log_points(points: Sequence[Point]) -> list[Point]:
     return [(s, math.log10(v)) for s, v in points if v > 0 and math.isfinite(v)]
 
 
-class _Chart(PlotextPlot):
+class Chart(PlotextPlot):
     """A plot that remembers what it drew (``plotted``) and skips identical redraws."""
 
     def __init__(self, *, id: str | None = None) -> None:  # noqa: A002 - Textual's name
@@ -52,13 +53,16 @@ class _Chart(PlotextPlot):
         self._version = 0  # bumped by every redraw request
         self._rendered: tuple[tuple, Any] | None = None
         self.plotted: dict[str, list[Point]] = {}
+        self.build_seconds = 0.0  # CPU of the last figure build: the dashboard spaces redraws by it
 
     def render(self) -> Any:
         # Textual may ask for the content again (a neighbour repainting, a screen switch);
         # plotext would rebuild the whole figure each time, so reuse the last build.
         key = (self._version, self.size, self.app.theme)
         if self._rendered is None or self._rendered[0] != key:
+            began = time.thread_time()
             self._rendered = (key, super().render())
+            self.build_seconds = time.thread_time() - began
         return self._rendered[1]
 
     def refresh(self, *args: Any, **kwargs: Any) -> Any:
@@ -84,7 +88,7 @@ class _Chart(PlotextPlot):
         return max(2 * self.size.width, 40)
 
 
-class LossChart(_Chart):
+class LossChart(Chart):
     """Train loss (optionally smoothed) and eval loss on one step axis, linear or log y."""
 
     def show(self, series: dict[str, Sequence[Point]], *, log_scale: bool = False, smoothing: bool = False,
@@ -137,7 +141,7 @@ class LossChart(_Chart):
         self.refresh()
 
 
-class RateChart(_Chart):
+class RateChart(Chart):
     """Learning rate (left axis) and gradient norm (right axis) against steps."""
 
     def show(self, series: dict[str, Sequence[Point]]) -> None:

@@ -19,14 +19,18 @@ from textual.widgets import Footer
 
 from workbench.widgets.view import GUARD_COLORS, TERMINAL, describe_event, describe_intervention
 
-from .charts import LossChart, RateChart
+from .charts import Chart, LossChart, RateChart
 from .panels import EventLog, GuardTable, MemoryPanel, MetricsTable, ProgressPanel, RunHeader, SummaryPanel
 
 __all__ = ["DashboardScreen"]
 
 # Charts and the metrics table cost a few ms to draw (CPU the training thread could use);
-# every two seconds is enough for curves that move by a few pixels.
+# every two seconds is enough for curves that move by a few pixels. Where a draw costs more
+# (a loaded machine, a wide terminal) the draws are spaced so that the charts use at most
+# CHART_BUDGET of a core, up to CHART_INTERVAL_MAX apart.
 CHART_INTERVAL = 2.0
+CHART_BUDGET = 0.025
+CHART_INTERVAL_MAX = 10.0
 
 
 class DashboardScreen(Screen):
@@ -90,7 +94,7 @@ class DashboardScreen(Screen):
     # -- updates from the app ---------------------------------------------------------------
 
     def show(self, snapshot: Any, frozen: bool = False) -> None:
-        """Show a new snapshot (charts at most every CHART_INTERVAL seconds)."""
+        """Show a new snapshot (charts at most every chart_interval() seconds)."""
         try:
             self._show(snapshot, frozen)
         except NoMatches:
@@ -116,7 +120,7 @@ class DashboardScreen(Screen):
             self._show_interventions(interventions, snapshot.guard_interventions)
         if snapshot.series is not self._series and snapshot.series is not self._pending:
             self._pending = snapshot.series
-            wait = CHART_INTERVAL - (time.monotonic() - self._chart_at)
+            wait = self.chart_interval() - (time.monotonic() - self._chart_at)
             if wait <= 0 or done:
                 self._flush_charts()
             elif self._chart_timer is None:
@@ -142,6 +146,12 @@ class DashboardScreen(Screen):
                                  if interventions else ""))
         if self._series is not None:
             self._draw_charts()
+
+    def chart_interval(self) -> float:
+        """Seconds between chart redraws: CHART_INTERVAL, or longer when the last draws were
+        costly (their CPU time over CHART_BUDGET, at most CHART_INTERVAL_MAX)."""
+        cost = sum(chart.build_seconds for chart in self.query(Chart))
+        return min(max(CHART_INTERVAL, cost / CHART_BUDGET), CHART_INTERVAL_MAX)
 
     def _flush_charts(self) -> None:
         self._chart_timer = None

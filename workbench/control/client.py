@@ -21,6 +21,7 @@ from typing import Any
 from workbench.control.discovery import NoLiveRun, check_socket_owner, read_control, stale_reason
 from workbench.control.protocol import (
     MAX_LINE, PROTOCOL_VERSION, ProtocolError, decode_reply, encode, event_from_dict, snapshot_from_dict)
+from workbench.control.series_delta import apply_delta
 from workbench.session.state import ENDED, CheckpointRow, MemoryUsage, SessionEvent, Snapshot, Status
 
 __all__ = ["attach", "RemoteSession", "RemoteError", "Connection", "resolve_target"]
@@ -140,6 +141,7 @@ class RemoteSession:
         self.hello = first.hello
         self._pool.append(first)
         self._snapshot: Snapshot = Snapshot.empty()
+        self._series_version: str | None = None  # the server's name for the curves in _snapshot
         self._closed = False
         # Attached through an output_dir on this host: a restarted run there (--resume: same
         # folder, new pid) is followed, and once the run is gone its recorded outcome is read.
@@ -185,6 +187,7 @@ class RemoteSession:
             old, self._pool = self._pool, [first]
             self.info, self.hello = dict(info), first.hello
             self._offset, self._snapshot, self._end, self._told_end = self._cursor, Snapshot.empty(), None, False
+            self._series_version = None
             self._followed = {"pid": info.get("pid"), "note": f"a restarted run (pid {info.get('pid')}) "
                                                               "serves this output_dir now; following it"}
         for conn in old:
@@ -262,7 +265,8 @@ class RemoteSession:
     def snapshot(self) -> Snapshot:
         """The run's newest snapshot; the same object as last time when nothing changed."""
         try:
-            data = self._call("snapshot", since=self._snapshot.updated or None)
+            data = self._call("snapshot", since=self._snapshot.updated or None, series_since=self._series_version)
+            series = None if data.get("unchanged") else self._series_from(data)
         except (NoLiveRun, OSError):
             if self._snapshot.status not in ENDED:
                 from dataclasses import replace
@@ -270,8 +274,20 @@ class RemoteSession:
                 self._snapshot = replace(self._snapshot, status=self._ended_status())
             return self._snapshot
         if not data.get("unchanged"):
-            self._snapshot = snapshot_from_dict(data)
+            self._snapshot = snapshot_from_dict(data, series=series)
+            self._series_version = data.get("series_version")
         return self._snapshot
+
+    def _series_from(self, data: dict) -> dict[str, tuple] | None:
+        """The curves of a snapshot reply that left them out or sent a delta (None: it sent them)."""
+        if data.get("series_unchanged"):
+            return self._snapshot.series  # the same object: a front-end's identity check skips a redraw
+        if "series_delta" in data:
+            try:
+                return apply_delta(self._snapshot.series, data["series_delta"])
+            except (ValueError, TypeError):  # does not fit what we hold: ask for the whole curves
+                data.update(self._call("snapshot"))
+        return None
 
     def series(self, points: int = 200, names: list[str] | None = None) -> dict[str, list[tuple[int, float]]]:
         """The run's curves, thinned on the run's side to at most ``points`` points each."""

@@ -34,6 +34,7 @@ from workbench.control.discovery import remove_control, socket_path, write_contr
 from workbench.control.protocol import (
     MAX_LINE, PROTOCOL_VERSION, ProtocolError, decode_request, downsample, encode, event_to_dict, reply_error,
     reply_ok, snapshot_to_dict)
+from workbench.control.series_delta import SeriesVersions
 from workbench.session.protocol import SessionLike
 from workbench.session.state import ENDED
 
@@ -100,7 +101,8 @@ class ControlServer:
         self._clients: set[threading.Thread] = set()
         self._clients_lock = threading.Lock()
         self._accepter: threading.Thread | None = None
-        self._snap_cache: tuple[Any, bool, dict] | None = None  # (snapshot, with series, dict)
+        self._snap_cache: tuple[Any, dict] | None = None  # (snapshot, its fields but the series)
+        self._series_versions = SeriesVersions()  # what each snapshot poller holds, to send deltas
         self._handlers: dict[str, Callable[[dict], Any]] = {
             "hello": self._hello, "status": self._status, "snapshot": self._snapshot, "events": self._events,
             "series": self._series, "arguments": lambda a: session.arguments(),
@@ -363,13 +365,20 @@ class ControlServer:
         since = args.get("since")
         if since is not None and since == snap.updated:
             return {"unchanged": True}
-        series = _bool(args, "series", True)
+        fields = self._snapshot_fields(snap)
+        if not _bool(args, "series", True):
+            return fields
+        # A client that holds the curves gets what changed in them: a few hundred bytes a poll.
+        return {**fields, **self._series_versions.reply(snap.series, args.get("series_since"))}
+
+    def _snapshot_fields(self, snap: Any) -> dict:
+        """Everything of ``snap`` but its series, converted once per published snapshot
+        however many clients poll it."""
         cached = self._snap_cache
-        # One encoding per published snapshot, however many clients poll it.
-        if cached is not None and cached[0] is snap and cached[1] == series:
-            return cached[2]
-        data = snapshot_to_dict(snap, series=series)
-        self._snap_cache = (snap, series, data)
+        if cached is not None and cached[0] is snap:
+            return cached[1]
+        data = snapshot_to_dict(snap, series=False)
+        self._snap_cache = (snap, data)
         return data
 
     def _events(self, args: dict) -> dict:
