@@ -134,6 +134,7 @@ def main() -> None:
                 finally:
                     session.stop(save=False)
                     session.wait()
+                    session.close()
     print(f"attached dashboard, % of one core over {ns.seconds:g} s (logging every step), median [min-max]:")
     for name, values in cpu.items():
         print(f"  {name:<28} {statistics.median(values):5.1f}% [{min(values):.1f}-{max(values):.1f}]")

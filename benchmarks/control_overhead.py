@@ -137,6 +137,7 @@ def latency(train, out: str, batch: int, samples: int) -> dict[str, list[tuple[f
     finally:
         session.stop(save=False)
         session.wait()
+        session.close()  # a start()ed Session serves its ended run until closed; the watcher waits for that
     seen = [json.loads(line) for line in watcher.stdout]
     watcher.wait()
     found: dict[str, list[tuple[float, int]]] = {"edited": [], "paused": []}
