@@ -129,9 +129,12 @@ class DashboardApp(App[str]):
             screen = self.screen
             if screen is not self.dashboard and isinstance(screen, CheckpointsScreen):
                 screen.show(snap, self.frozen)
-        if self._quitting is None and self.session.stop_reason == "SIGTERM" and self.session.status in TERMINAL:
+        # The snapshot's status, not session.status: for a run in another process each of
+        # those is a round trip, and this runs several times a second.
+        ended = snap.status in TERMINAL
+        if ended and self._quitting is None and self.session.stop_reason == "SIGTERM":
             self._quitting = "terminated"  # preempted through another rank: leave as the scheduler expects
-        if self._quitting is not None and self.session.status in TERMINAL and not self._exiting:
+        if self._quitting is not None and ended and not self._exiting:
             self._exiting = True  # exit() once; later polls may still run while the app closes
             self.exit(self.outcome())
 
