@@ -290,6 +290,8 @@ def test_max_interventions_stops_a_headless_run_with_a_checkpoint(tmp_path):
 
     saved = json.loads((checkpoint / "workbench_state.json").read_text())
     assert [i["step"] for i in saved["guard"]["interventions"]] == [5]
+    end = read_events(tmp_path / "run")[-1]  # who stopped it, for clients and schedulers
+    assert (end["event"], end["status"], end["stop_reason"], end["exit_code"]) == ("end", "stopped", "guard", 0)
     assert "guard" not in json.loads((checkpoint / "trainer_state.json").read_text())  # HF-loadable
     assert all(torch.isfinite(w).all() for w in weights(trainer))
 
@@ -626,6 +628,10 @@ out = {"interventions": trainer.state.guard["interventions"],
        "weights": [p.detach().tolist() for p in model.parameters()]}
 with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
     json.dump(out, f)
+# Leave together, as workbench run's ranks do: a rank tearing gloo down while the other still
+# talks to it can abort at interpreter exit ("terminate called without an active exception").
+trainer.accelerator.wait_for_everyone()
+torch.distributed.destroy_process_group()
 '''
 
 
@@ -696,6 +702,10 @@ out = {"interventions": trainer.state.guard["interventions"], "order": poison.or
        "step": trainer.state.global_step, "weights": [p.detach().tolist() for p in model.parameters()]}
 with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
     json.dump(out, f)
+# Leave together, as workbench run's ranks do: a rank tearing gloo down while the other still
+# talks to it can abort at interpreter exit ("terminate called without an active exception").
+trainer.accelerator.wait_for_everyone()
+torch.distributed.destroy_process_group()
 '''
 
 

@@ -384,9 +384,13 @@ class TrainingLoop:
             trainer.guard_pause()  # interactive: the Session pauses before the next step
         elif pause or stop:
             # Headless (or the stop action): stop here with a checkpoint of this boundary,
-            # whose weights the guard kept clean.
+            # whose weights the guard kept clean. The stop says who asked (the end record,
+            # the clients and the CLI tell a guard stop from a finished run); every rank
+            # decides it alike from the agreed flags.
             control.should_save = True
             control.should_training_stop = True
+            if not trainer.stop_decision.is_set():
+                trainer.stop_decision.set("guard", save=True)
 
     def collect_guard(self, act: bool = False) -> None:
         """Read the guard's pending flags (a host sync) and record new interventions:
