@@ -318,11 +318,11 @@ class RemoteSession:
         """How the run ended: its last event if this client saw it, else events.jsonl's record
         (read once), else a note that it is gone without one."""
         if self._end is None:
-            from workbench.control.outcome import end_note, last_outcome
+            from workbench.control.outcome import last_outcome, note_for
 
             pid = self.info.get("pid")
             outcome = last_outcome(self.output_dir, pid) if self.output_dir is not None else None
-            self._end = {**(outcome or {}), "note": end_note(self.output_dir, pid)}
+            self._end = {**(outcome or {}), "note": note_for(outcome, pid)}
         return self._end
 
     def _gone_events(self) -> list[SessionEvent]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from workbench.train.tracking import EVENTS_FILE
 
-__all__ = ["last_outcome", "describe_outcome", "end_note"]
+__all__ = ["last_outcome", "describe_outcome", "end_note", "note_for"]
 
 _TAIL = 256 * 1024  # the outcome is among the last lines; a long run's log is not read whole
 
@@ -72,7 +72,11 @@ def describe_outcome(outcome: Mapping[str, Any]) -> str:
 def end_note(output_dir: str | os.PathLike | None, pid: object = None) -> str:
     """What a client says when a run's endpoint is gone: its recorded end, or that it ended
     without recording one (killed, or its host is unreachable)."""
-    outcome = last_outcome(output_dir, pid) if output_dir is not None else None
+    return note_for(last_outcome(output_dir, pid) if output_dir is not None else None, pid)
+
+
+def note_for(outcome: Mapping[str, Any] | None, pid: object = None) -> str:
+    """end_note() for an outcome already read (None: the run left no record)."""
     if outcome is not None:
         return describe_outcome(outcome)
     who = f"the run (pid {pid})" if pid is not None else "the run"
