@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 from conftest import StopAt, make_args
 from workbench import Guard, Trainer, TrainerCallback
 from workbench.config.loader import ConfigError, config_from_dict, load_config
+from workbench.train import guard_checks
 from workbench.train.args import ArgumentError
 from workbench.train.tracking import read_events
 
@@ -79,6 +80,14 @@ def run(out, data: Poisoned, guard: Guard | None = None, callbacks=(), resume=No
             callback.trainer = trainer
     trainer.train(resume_from_checkpoint=resume)
     return trainer, order
+
+
+@pytest.fixture(params=["host", "device"])
+def checks(request, monkeypatch) -> str:
+    """Where the steps are judged: on the host (what a CPU run does) or with device ops (what
+    an accelerator run does; forced here on the CPU)."""
+    monkeypatch.setattr(guard_checks, "HOST_DECIDES_ON_CPU", request.param == "host")
+    return request.param
 
 
 def weights(trainer) -> list[torch.Tensor]:
@@ -206,7 +215,7 @@ class MaskStep(TrainerCallback):
 
 
 @pytest.mark.parametrize("optim", ["adamw_torch_fused", "sgd"])
-def test_skip_equals_a_hand_masked_step(tmp_path, optim):
+def test_skip_equals_a_hand_masked_step(tmp_path, optim, checks):
     data = Poisoned(nan_ids=[NAN_SAMPLE])
     guarded, order = run(tmp_path / "g", data, Guard(nonfinite="skip"), optim=optim)
     bad_step = step_of(order, NAN_SAMPLE)
@@ -229,7 +238,7 @@ def clean_order(tmp_path) -> list[list[int]]:
     return run(tmp_path / "order", Poisoned())[1].steps
 
 
-def test_nonfinite_and_spike_are_skipped_and_recorded_as_events(tmp_path):
+def test_nonfinite_and_spike_are_skipped_and_recorded_as_events(tmp_path, checks):
     steps = clean_order(tmp_path)
     nan_sample, spike_sample = steps[2][0], steps[9][0]  # steps 3 and 10
     guard = Guard(nonfinite="skip", spike="skip", spike_factor=20.0, window=4)
@@ -259,7 +268,7 @@ def test_without_the_guard_the_spike_is_trained_on(tmp_path):
     assert not all(torch.equal(a, b) for a, b in zip(weights(guarded), weights(plain)))
 
 
-def test_resume_across_interventions_is_bitwise_equal(tmp_path):
+def test_resume_across_interventions_is_bitwise_equal(tmp_path, checks):
     steps = clean_order(tmp_path)
     # steps 3 and 10: after the resume at 7 only 3 steps are seen, so the spike is found
     # only with the running median the checkpoint carried
@@ -277,6 +286,53 @@ def test_resume_across_interventions_is_bitwise_equal(tmp_path):
     # the spike after the resume was found with the restored running median
     kinds = [(e["step"], e["kind"]) for e in read_events(out) if e["event"] == "guard"]
     assert kinds == [(3, "nonfinite"), (10, "spike")]
+
+
+def test_cpu_runs_judge_steps_on_the_host_and_accelerators_on_the_device():
+    from workbench.train.guard import GuardMonitor
+
+    optimizer = torch.optim.AdamW([nn.Parameter(torch.ones(2))], fused=True)
+    guard = Guard(nonfinite="skip", spike="skip")
+    assert isinstance(GuardMonitor(guard, optimizer, torch.device("cpu")).checks, guard_checks.HostChecks)
+    # a loss scaler or an engine must see every optimizer step: the device path masks instead
+    assert isinstance(GuardMonitor(guard, optimizer, torch.device("cpu"), allow_found_inf=False).checks,
+                      guard_checks.DeviceChecks)
+    assert isinstance(GuardMonitor(guard, optimizer, torch.device("meta")).checks, guard_checks.DeviceChecks)
+
+
+def _guarded_run(out, monkeypatch, on_host: bool, data: Poisoned, guard: Guard, **options):
+    monkeypatch.setattr(guard_checks, "HOST_DECIDES_ON_CPU", on_host)
+    return run(out, data, guard, **options)[0]
+
+
+@pytest.mark.parametrize("optim", ["adamw_torch_fused", "sgd"])
+def test_host_and_device_checks_decide_alike_bit_for_bit(tmp_path, monkeypatch, optim):
+    """The two paths flag the same steps with the same values and thresholds (float32 rule),
+    train the same weights, and keep the same detector state; ties and NaNs included."""
+    steps = clean_order(tmp_path)
+    data = Poisoned(nan_ids=[steps[2][0]], spike_ids=[steps[9][0], steps[13][0]])
+    guard = Guard(nonfinite="skip", spike="skip", spike_factor=20.0, window=4)
+    runs = [_guarded_run(tmp_path / where, monkeypatch, where == "host", data, guard, optim=optim, logging_steps=5)
+            for where in ("host", "device")]
+    host, device = runs
+    assert [i["step"] for i in host.state.guard["interventions"]] == [3, 10, 14]
+    assert host.state.guard == device.state.guard  # interventions, ring, position: one format
+    for a, b in zip(weights(host), weights(device)):
+        assert torch.equal(a, b)
+
+
+def test_a_checkpoint_saved_on_one_path_resumes_on_the_other(tmp_path, monkeypatch):
+    """A GPU run's checkpoint resumed on a CPU (and back) decides as the uninterrupted run."""
+    steps = clean_order(tmp_path)
+    data = Poisoned(nan_ids=[steps[2][0]], spike_ids=[steps[9][0]])
+    guard = Guard(nonfinite="skip", spike="skip", spike_factor=20.0, window=4)
+    whole = _guarded_run(tmp_path / "whole", monkeypatch, True, data, guard, logging_steps=4)
+    out = tmp_path / "parts"
+    _guarded_run(out, monkeypatch, False, data, guard, callbacks=[StopAt(7)], logging_steps=4)
+    resumed = _guarded_run(out, monkeypatch, True, data, guard, resume=True, logging_steps=4)
+    assert resumed.state.guard == whole.state.guard
+    for a, b in zip(weights(whole), weights(resumed)):
+        assert torch.equal(a, b)
 
 
 def test_max_interventions_stops_a_headless_run_with_a_checkpoint(tmp_path):
@@ -374,8 +430,8 @@ def _guarded_steps(guard: Guard, fused: bool, steps: list[tuple[float, float]], 
         before = param.detach().clone()
         param.grad = torch.full((3,), 0.5)
         monitor.add_loss(torch.tensor(loss))
-        monitor.before_step(torch.tensor(norm))
-        optimizer.step()
+        if not monitor.before_step(torch.tensor(norm)):
+            optimizer.step()
         monitor.after_step()
         monitor.end_step(step, 0, step - 1, step - 1)
         if torch.equal(param, before):
@@ -386,7 +442,7 @@ def _guarded_steps(guard: Guard, fused: bool, steps: list[tuple[float, float]], 
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_nonfinite_is_exactly_a_nan_or_inf_loss_or_grad_norm(fused):
+def test_nonfinite_is_exactly_a_nan_or_inf_loss_or_grad_norm(fused, checks):
     """Not a finite pair whose sum overflows; a flagged step leaves the weights alone."""
     inf, nan = float("inf"), float("nan")
     steps = [(1.0, 1.0), (1.0, inf), (-inf, 1.0), (1e38, 3e38), (nan, 1.0), (1.0, nan), (1.0, 1.0)]
@@ -396,7 +452,7 @@ def test_nonfinite_is_exactly_a_nan_or_inf_loss_or_grad_norm(fused):
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_spikes_against_the_running_median_and_rows_reused_after_a_collect(fused):
+def test_spikes_against_the_running_median_and_rows_reused_after_a_collect(fused, checks):
     """window 2, factor 10: the median of the accepted losses sets the bar; bad steps stay out
     of it; the rows read at step 3 are reused by steps 4-6 without carrying a flag over."""
     steps = [(1.0, 1.0), (2.0, 1.0), (50.0, 1.0), (float("nan"), 1.0), (1.0, 1.0), (1.0, 1.0), (30.0, 1.0)]
@@ -409,6 +465,9 @@ def test_spikes_against_the_running_median_and_rows_reused_after_a_collect(fused
 def test_no_host_syncs_on_non_logging_steps_with_the_guard_on(tmp_path, monkeypatch):
     from test_session import SyncCounter, _sync_trainer
 
+    # The accelerator path (on the CPU the guard reads the loss on the host, where that is
+    # no sync: test_cpu_runs_decide_on_the_host).
+    monkeypatch.setattr(guard_checks, "HOST_DECIDES_ON_CPU", False)
     counter = SyncCounter(monkeypatch)
     trainer, end = _sync_trainer(tmp_path, counter)
     trainer.guard = Guard(nonfinite="skip", spike="skip", window=4)
@@ -431,7 +490,7 @@ def guard_events(out) -> list[dict]:
     return [e for e in read_events(out) if e["event"] == "guard"]
 
 
-def test_rollback_restores_a_snapshot_and_moves_past_the_bad_data(tmp_path):
+def test_rollback_restores_a_snapshot_and_moves_past_the_bad_data(tmp_path, checks):
     steps = clean_order(tmp_path)
     nan_sample = steps[5][0]  # step 6 (micro-batch 5 of epoch 0)
     data = Poisoned(nan_ids=[nan_sample])
@@ -587,6 +646,9 @@ import json, sys
 import torch
 from torch import nn
 from workbench import Guard, Trainer, TrainerCallback, TrainingArguments
+from workbench.train import guard_checks
+
+guard_checks.HOST_DECIDES_ON_CPU = sys.argv[-1] == "host"  # else the accelerator path, forced
 
 class Model(nn.Module):
     def __init__(self, factor="nan"):
@@ -654,11 +716,12 @@ def _launch_ranks(tmp_path, script: str, *argv: str) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optim", ["adamw_torch_fused", "sgd"])
-def test_nan_on_one_rank_is_skipped_by_both_at_the_same_step(tmp_path, optim):
+@pytest.mark.parametrize("optim,where", [("adamw_torch_fused", "device"), ("sgd", "device"),
+                                         ("adamw_torch_fused", "host")])
+def test_nan_on_one_rank_is_skipped_by_both_at_the_same_step(tmp_path, optim, where):
     import math
 
-    ranks = _launch_ranks(tmp_path, _RANK_SCRIPT, optim)
+    ranks = _launch_ranks(tmp_path, _RANK_SCRIPT, optim, where)
     # rank 0's own loss was finite, yet it skipped the same step (the flags were reduced)
     assert [(i["step"], i["rank"]) for i in ranks[0]["interventions"]] == [(3, 0)]
     assert [(i["step"], i["rank"]) for i in ranks[1]["interventions"]] == [(3, 1)]
@@ -710,11 +773,12 @@ torch.distributed.destroy_process_group()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("factor,kind", [("nan", "nonfinite"), ("1000", "spike")])
-def test_bad_step_on_one_rank_rolls_back_both_at_the_same_step(tmp_path, factor, kind):
+@pytest.mark.parametrize("factor,kind,where", [("nan", "nonfinite", "host"), ("1000", "spike", "host"),
+                                                ("1000", "spike", "device")])
+def test_bad_step_on_one_rank_rolls_back_both_at_the_same_step(tmp_path, factor, kind, where):
     import math
 
-    ranks = _launch_ranks(tmp_path, _ROLLBACK_RANK_SCRIPT, factor)
+    ranks = _launch_ranks(tmp_path, _ROLLBACK_RANK_SCRIPT, factor, where)
     out = tmp_path / "out"
     for rank, data in enumerate(ranks):
         # Both ranks found the bad step 6 (rank 0 through the reduced flags) at the log point of

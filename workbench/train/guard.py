@@ -4,22 +4,20 @@ Two parts with one job each:
 
 - :class:`Guard` is the user's choice (the ``[guard]`` config table, ``Trainer(guard=...)``),
   validated once when it is made.
-- :class:`GuardMonitor` is what a guarded training loop runs: detection on the device every
-  step, the step's update masked on the device when it is bad, and the host reading the
-  accumulated flags only at points that already synchronize (logging, saving, the end).
+- :class:`GuardMonitor` is what a guarded training loop runs: the per-step checks, and the
+  host-side records read at points that already synchronize (logging, saving, the end).
 
-Why the device: reading a flag on the host each step would stall the GPU queue every step
-(DESIGN.md section 4: no host sync per step). So a bad step is never *decided* on the host;
-its update is made a no-op by the optimizer itself (the fused Adam/AdamW ``found_inf``
-path that AMP's loss scaler uses: a 1 makes ``step()`` leave parameters and optimizer
-state untouched), or, for other optimizers, by putting the pre-step values back with
-``torch.where`` on a device boolean. The host learns about the interventions later, at a
-logging or save point, and records them (events.jsonl, the checkpoint).
-
-Per-step cost: the checks are ~10 small in-place device ops into preallocated tensors (see
-``before_step``) and the per-step rows stay on the device until a logging point reads them
-all at once; on an overhead-bound CPU run (benchmarks/guard_overhead.py, the MLP) that is a
-few tens of µs a step, beside the ~20 µs fused AdamW itself spends on ``found_inf``.
+Where a step is judged (guard_checks.py): on an accelerator, on the device. Reading a flag
+on the host each step would stall the GPU queue every step (DESIGN.md section 4: no host
+sync per step), so there a bad step is never *decided* on the host; its update is made a
+no-op by the optimizer itself (the fused Adam/AdamW ``found_inf`` path that AMP's loss
+scaler uses: a 1 makes ``step()`` leave parameters and optimizer state untouched), or, for
+other optimizers, by putting the pre-step values back with ``torch.where`` on a device
+boolean, and the host learns about it at the next logging or save point. On the CPU the
+host *is* the device: reading the loss waits for nothing, so the checks are float
+arithmetic and a bad step's optimizer step is simply left out (the same decisions, rows
+and detector state; on the MLP benchmark no measurable cost, against ~200 µs a step for the
+device ops: benchmarks/guard_overhead.py).
 
 Several ranks: the flags of a step are agreed before its optimizer step by an all-reduce,
 so every rank skips the same step (distributed/guard_flags.py: stream-ordered on GPUs).
@@ -41,8 +39,8 @@ from typing import Any
 
 import torch
 
-from workbench.distributed.guard_flags import all_reduce_flags
 from workbench.train.args import ArgumentError
+from workbench.train.guard_checks import MAX_PENDING, DeviceChecks, HostChecks, checks_on_host
 
 
 __all__ = ["Guard", "GuardMonitor", "NONFINITE_ACTIONS", "SPIKE_ACTIONS", "GUARD_FIELDS"]
@@ -52,9 +50,6 @@ Trainer = Any  # annotations only: Trainer imports this module (directly or not)
 
 NONFINITE_ACTIONS = ("off", "skip", "rollback", "pause", "stop")
 SPIKE_ACTIONS = ("off", "skip", "rollback", "pause")
-# The host reads the accumulated flags at least this often even without a logging point,
-# so the per-step records kept on the device stay small (one sync per this many steps).
-MAX_PENDING = 1024
 
 
 @dataclass(frozen=True)
@@ -128,12 +123,13 @@ GUARD_FIELDS = tuple(f.name for f in dataclasses.fields(Guard))
 
 
 class GuardMonitor:
-    """The guard of one training run: device-side detection and masking, host-side records.
+    """The guard of one training run: per-step checks (guard_checks.py: on the device, or on
+    the host for CPU runs), host-side records.
 
     The loop calls ``add_loss`` per micro-batch, ``before_step`` / ``after_step`` around the
-    optimizer step and ``end_step`` after the step counter moved; ``collect`` (at logging,
-    save and end points, which synchronize anyway) reads what happened and returns the new
-    interventions.
+    optimizer step (leaving the step out when ``before_step`` says so) and ``end_step``
+    after the step counter moved; ``collect`` (at logging, save and end points, which
+    synchronize anyway) reads what happened and returns the new interventions.
     """
 
     # Set by the loop: recomputes the dataset rows of a bad step (data/order.py), so a record
@@ -144,37 +140,22 @@ class GuardMonitor:
                  num_processes: int = 1, saved: dict[str, Any] | None = None, *,
                  allow_found_inf: bool = True) -> None:
         self.guard = guard
-        self.device = device
-        self.num_processes = num_processes
         # Accelerate's wrapper (loss scaling, engines) holds the torch optimizer as .optimizer.
-        self.optimizer = getattr(optimizer, "optimizer", optimizer)
-        # A loss scaler sets found_inf itself (and would overwrite ours): mask instead there.
-        self._found_inf = allow_found_inf and _supports_found_inf(self.optimizer)
-        self._check_nonfinite = guard.nonfinite != "off"
+        inner = self._inner = getattr(optimizer, "optimizer", optimizer)
+        checks = (guard.spike_factor, guard.window, guard.nonfinite != "off", guard.spike != "off")
+        # allow_found_inf: no loss scaler or engine, so a step can be flagged or left out.
+        self.checks: DeviceChecks | HostChecks
+        if checks_on_host(torch.device(device), allow_found_inf):
+            self.checks = HostChecks(*checks, num_processes)
+        else:
+            # A loss scaler sets found_inf itself (and would overwrite ours): mask instead there.
+            found_inf = allow_found_inf and _supports_found_inf(inner)
+            self.checks = DeviceChecks(*checks, inner, device, num_processes, found_inf)
         self._check_spike = guard.spike != "off"
-        self._ring = torch.full((guard.window,), float("nan"), dtype=torch.float32, device=device)
-        self._slots = self._ring.unbind()  # one view per slot, made once (a view costs an op's overhead)
-        # Constants and outputs made once: each step writes into them (out=), no allocation.
-        self._zero = torch.zeros((), dtype=torch.float32, device=device)
-        self._factor = torch.tensor(guard.spike_factor, dtype=torch.float32, device=device)
-        self._bad = torch.zeros((), dtype=torch.float32, device=device)  # 1.0: skip (found_inf's dtype)
-        self._bad_mask = torch.zeros((), dtype=torch.bool, device=device)
-        self._pos = 0  # next ring slot (host int: indexing with it is no sync)
-        self._seen = 0  # steps observed; the spike test starts once a window is full
         self._loss: torch.Tensor | None = None
-        self._step_bad: torch.Tensor = self._zero  # this step's flag, for after_step's masking
-        self._backup: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._known: set[int] = set()
-        # One row per step not read yet, preallocated on the device and written in place:
-        # (nonfinite, spike, loss, threshold); beside it on the host, where the step's data
-        # came from: (step, epoch, first batch, last batch). A threshold stays NaN when the
-        # spike check is off.
-        self._rows = torch.zeros((MAX_PENDING, 4), dtype=torch.float32, device=device)
-        self._rows[:, 3] = float("nan")
-        self._row_views: list[tuple[torch.Tensor, ...]] = []  # per row, made on first use
+        # Where each step not read yet took its data from: (step, epoch, first batch, last batch).
         self._where: list[tuple[int, int, int, int] | None] = [None] * MAX_PENDING
-        self._losses: list[torch.Tensor | None] = [None] * MAX_PENDING
-        self._count = 0  # rows written since the last collect
+        self._count = 0  # steps since the last collect
         self.interventions: list[dict[str, Any]] = []
         self.new: list[dict[str, Any]] = []  # found by the last collect
         # Data the run jumped over (rollbacks), so the data position is no longer a function
@@ -185,97 +166,31 @@ class GuardMonitor:
         if saved:
             self.restore(saved)
 
-    # -- per step (device only) ---------------------------------------------------------
+    # -- per step -------------------------------------------------------------------------
 
     def add_loss(self, loss: torch.Tensor) -> None:
         """One micro-batch's (scaled) loss; their sum is the step's loss."""
         loss = loss.float()  # no-op for float32 losses; half-precision ones are summed in float32
         self._loss = loss if self._loss is None else self._loss + loss
 
-    def before_step(self, grad_norm: torch.Tensor | None) -> None:
-        """Decide on the device whether this step is bad and arm the optimizer to skip it.
-
-        On an overhead-bound run every small op costs ~3 µs of host time, so this is a
-        fixed sequence of in-place ops into preallocated tensors (no stack, no allocation
-        but nanmedian's result):
-
-        - the loss is kept by reference (no op): ``collect`` writes it into the rows;
-        - nonfinite: ``w = (g - g) + 0 * loss`` is 0 when the loss and the gradient norm
-          ``g`` are finite and NaN otherwise (``inf - inf`` and ``0 * inf`` are NaN), and
-          ``w != w`` is the flag: three ops where ``isfinite`` alone is four kernels;
-        - spike: ``threshold = nanmedian(ring) * spike_factor``, ``loss > threshold``;
-        - across processes, one all-reduce (MAX) of the row's two flags
-          (distributed/guard_flags.py says why);
-        - ``bad = max(nonfinite, spike)`` as a float 0/1: fused Adam's ``found_inf`` as is;
-        - the ring takes the loss unless the step is bad.
-        """
-        count = self._count
-        if count == len(self._row_views):
-            row = self._rows[count]
-            self._row_views.append((row[:2], *row.unbind()))
-        flags, nonfinite, spike, _, threshold = self._row_views[count]
+    def before_step(self, grad_norm: torch.Tensor | None) -> bool:
+        """Judge this step before its optimizer step; True when the caller must leave the
+        optimizer step out (host checks), False when it is taken and, if bad, made a no-op
+        on the device."""
         loss, self._loss = self._loss, None
-        self._losses[count] = loss  # a reference: the row's loss column is filled at collect
-        if self._check_nonfinite:
-            if isinstance(grad_norm, torch.Tensor):
-                torch.sub(grad_norm, grad_norm, out=nonfinite)
-                nonfinite.add_(loss, alpha=0)
-            else:
-                torch.sub(loss, loss, out=nonfinite)
-            torch.ne(nonfinite, nonfinite, out=nonfinite)
-        spike_on = self._check_spike and self._seen >= self.guard.window
-        if self._check_spike:
-            torch.mul(torch.nanmedian(self._ring), self._factor, out=threshold)
-            if spike_on:
-                torch.gt(loss, threshold, out=spike)  # False for NaN: a non-finite loss is not a spike
-        if self.num_processes > 1 and (self._check_nonfinite or spike_on):
-            all_reduce_flags(flags)  # every rank counts the same steps: spike_on is the same on all
-        # The float flag fused Adam reads; without a check that can fire, no flag at all.
-        if self._check_nonfinite and spike_on:
-            bad = torch.maximum(nonfinite, spike, out=self._bad)
-        elif self._check_nonfinite:
-            bad = nonfinite
-        elif spike_on:
-            bad = spike
-        else:
-            bad = None
-        if self._check_spike:
-            # Only accepted losses enter the running median: a spike must not raise its own bar.
-            slot = self._slots[self._pos]
-            if bad is None:
-                slot.copy_(loss)
-            else:
-                torch.where(torch.ne(bad, self._zero, out=self._bad_mask), slot, loss, out=slot)
-            self._pos = (self._pos + 1) % self.guard.window
-        self._seen += 1
-        if self._found_inf:
-            self.optimizer.found_inf = bad
-        else:
-            self._step_bad = torch.ne(bad, self._zero, out=self._bad_mask) if bad is not None else None
-            if self._step_bad is not None:
-                self._backup = [(t, t.detach().clone()) for t in self._mutable_tensors()]
-                self._known = {id(t) for t, _ in self._backup}
+        leave_out = self.checks.check(self._count, loss, grad_norm)
+        if leave_out:
+            # A left-out step counts as taken (as a no-op) for torch's LR schedulers, which
+            # otherwise warn that their first step came before the optimizer's.
+            self._inner._opt_called = True
+        return leave_out
 
     def after_step(self) -> None:
-        """Put back the pre-step values where the step was bad (optimizers without found_inf)."""
-        if self._found_inf:
-            self.optimizer.found_inf = None  # a later plain step() must not see a stale flag
-            return
-        bad = self._step_bad
-        if bad is None:
-            return
-        for tensor, old in self._backup:
-            if tensor.device == bad.device:  # host-side counters cannot be masked without a sync
-                tensor.data.copy_(torch.where(bad, old, tensor.data))
-        # State the first step created (Adam's moments, SGD's momentum) goes back to zeros,
-        # what the optimizer would start from on the next step.
-        for tensor in self._mutable_tensors():
-            if id(tensor) not in self._known and tensor.device == bad.device:
-                tensor.data.copy_(torch.where(bad, torch.zeros_like(tensor), tensor.data))
-        self._backup, self._known = [], set()
+        """Undo a bad step's update where the device could not skip it (see DeviceChecks)."""
+        self.checks.after_step()
 
     def end_step(self, step: int, epoch: int, first_batch: int, last_batch: int) -> None:
-        """Remember where this step's data came from, beside its row on the device."""
+        """Remember where this step's data came from, beside its row."""
         self._where[self._count] = (step, epoch, first_batch, last_batch)
         self._count += 1
 
@@ -291,10 +206,8 @@ class GuardMonitor:
         count = self._count
         if not count:
             return []
-        self._rows[:count, 2] = torch.stack(self._losses[:count])
-        rows = self._rows[:count].tolist()  # host sync: a logging/save point
         found = []
-        for (where, (nonfinite, spike, loss, threshold)) in zip(self._where[:count], rows):
+        for (where, (nonfinite, spike, loss, threshold)) in zip(self._where[:count], self.checks.read(count)):
             if not (nonfinite or spike):
                 continue
             step, epoch, first, last = where
@@ -306,12 +219,8 @@ class GuardMonitor:
             record.update(self.sample_ids(epoch, first, last))
             found.append(record)
         self._count = 0
-        self._losses[:count] = [None] * count
-        if self._check_spike:
-            self._rows[:count, 1].zero_()  # the only column a step may leave unwritten
         self.interventions.extend(found)
         return found
-
     def sample_ids(self, epoch: int, first: int, last: int) -> dict[str, Any]:
         """Record fields naming the dataset rows of micro-batches ``first..last`` of ``epoch``:
         ``samples``, every rank's rows (rank 0's first), and with several ranks
@@ -336,7 +245,8 @@ class GuardMonitor:
 
     def detector(self) -> dict[str, Any]:
         """The spike detector's state (a host read of the running-median ring)."""
-        return {"ring": self._ring.tolist(), "pos": self._pos, "seen": self._seen}
+        checks = self.checks
+        return {"ring": checks.ring(), "pos": checks.pos, "seen": checks.seen}
 
     def restore(self, saved: dict[str, Any]) -> None:
         """Back to an exported state: interventions, data offset and detector."""
@@ -350,20 +260,7 @@ class GuardMonitor:
         """Put the running-median ring back (a snapshot's or a checkpoint's)."""
         ring = saved.get("ring")
         if ring is not None and len(ring) == self.guard.window:
-            self._ring.copy_(torch.tensor(ring, dtype=torch.float32))
-            self._pos = int(saved.get("pos", 0)) % self.guard.window
-            self._seen = int(saved.get("seen", 0))
-
-    # -- helpers --------------------------------------------------------------------------
-
-    def _mutable_tensors(self) -> list[torch.Tensor]:
-        """Parameters and optimizer-state tensors a step may change."""
-        tensors = []
-        for group in self.optimizer.param_groups:
-            for param in group["params"]:
-                tensors.append(param)
-                tensors.extend(v for v in self.optimizer.state.get(param, {}).values() if isinstance(v, torch.Tensor))
-        return tensors
+            self.checks.set_ring(ring, int(saved.get("pos", 0)) % self.guard.window, int(saved.get("seen", 0)))
 
 
 def _supports_found_inf(optimizer: torch.optim.Optimizer) -> bool:

@@ -349,10 +349,11 @@ class TrainingLoop:
             else:  # unscales fp16 gradients first / uses the sharded engine's clipping
                 self.grad_norm = acc.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         guard = self.guard
-        if guard is not None:  # decided on the device; a bad step's update becomes a no-op
-            guard.before_step(self.grad_norm)
+        # On a device a bad step's update becomes a no-op there; on the CPU it is left out.
+        leave_out = guard is not None and guard.before_step(self.grad_norm)
         trainer.control = handler.on_pre_optimizer_step(args, state, trainer.control)
-        trainer.optimizer.step()
+        if not leave_out:
+            trainer.optimizer.step()
         if guard is not None:
             guard.after_step()
         trainer.control = handler.on_optimizer_step(args, state, trainer.control)
