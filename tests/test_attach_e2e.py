@@ -362,3 +362,48 @@ def test_ctl_steers_two_ranks_at_the_same_step(tmp_path):
     state = json.loads((Path(final.path) / "workbench_state.json").read_text())  # live edits live here
     edits = state["live_edits"]
     assert [(e["step"], e["learning_rate"], e["reason"]) for e in edits] == [(step, 0.05, "two-rank check")]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (.ci/run installs it)")
+def test_a_dashboard_run_branched_by_ctl_follows_the_branch_and_quits_from_it(tmp_path):
+    """``workbench run`` with its dashboard, then ``workbench ctl OUT checkpoints branch``: the
+    dashboard follows the branch (it now trains in the process), q then Enter stops and
+    saves the branch, and the CLI's last line names the branch's folder."""
+    out, branch_dir = tmp_path / "out", tmp_path / "low-lr"
+    (tmp_path / "run.toml").write_text(CTL_CONFIG)
+    code = tmp_path / "exit-code"
+    name = f"wb-branch-{tmp_path.name}"[:40]
+    exe = Path(sys.executable).with_name("workbench")
+    # The pane stays after the exit (the app draws on the terminal, so its last lines are read there).
+    command = f"cd {tmp_path} && OMP_NUM_THREADS=1 {exe} run run.toml; echo $? > {code}; sleep 120"
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "110", "-y", "32", command], check=True)
+    try:
+        def shows(text: str) -> bool:
+            assert not code.exists(), _capture(name)
+            return text in _capture(name)
+
+        wait_until(lambda: shows("RUNNING") and (out / CONTROL_FILE).exists(), "the dashboard", 120, 0.3)
+        wait_until(lambda: ctl_status(out, tmp_path)["step"] >= 10, "ten steps")
+        saved = workbench("ctl", out, "save", "--json", cwd=tmp_path)
+        checkpoint = Path(json.loads(saved.stdout)["checkpoint"]).name
+        branched = workbench("ctl", out, "checkpoints", "branch", checkpoint, "low-lr", "learning_rate=1e-3",
+                             cwd=tmp_path)
+        assert branched.returncode == 0, branched.stderr
+        wait_until(lambda: shows("a branch took over this run"), "the dashboard to follow the branch", 120, 0.3)
+        wait_until(lambda: shows("RUNNING"), "the branch running in the dashboard", 120, 0.3)
+        assert ctl_status(branch_dir, tmp_path)["status"] == "running"
+        _keys(name, "q")
+        wait_until(lambda: shows("Stop and save"), "the quit dialog", 60, 0.3)
+        _keys(name, "Enter")
+        wait_until(code.exists, "workbench run to exit", 120)
+        stderr = _capture(name).replace("\n", "")  # lines the terminal wrapped, joined
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+    assert code.read_text().strip() == "0", stderr
+    assert f"checkpoint saved in {branch_dir}" in stderr, stderr
+    assert "until it ends" not in stderr  # the dashboard had followed the branch to its end
+    end = read_events(branch_dir)[-1]
+    assert (end["event"], end["saved"]) == ("end", True)
+    assert any(branch_dir.glob("checkpoint-*"))

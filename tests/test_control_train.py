@@ -246,6 +246,36 @@ def test_ctl_resume_from_and_branch_keep_a_headless_run_going(tmp_path):
     assert any(branch_dir.glob("checkpoint-*"))  # ctl stop saves the branch
 
 
+@pytest.mark.slow
+def test_ctrl_c_during_a_branch_stops_the_branch_with_a_checkpoint(tmp_path):
+    """A branch that took over a headless ``workbench run`` is the run now: Ctrl-C stops it
+    with a checkpoint in the branch's folder and exits 130, the parent's checkpoints untouched."""
+    import json
+    import signal
+
+    from test_attach_e2e import ctl_status, headless_run, workbench
+
+    out, branch_dir = tmp_path / "out", tmp_path / "low-lr"
+    with headless_run(tmp_path) as run:
+        wait_for(lambda: ctl_status(out, tmp_path)["step"] >= 10, "ten steps")
+        saved = workbench("ctl", out, "save", "--json", cwd=tmp_path)
+        name = Path(json.loads(saved.stdout)["checkpoint"]).name
+        branched = workbench("ctl", out, "checkpoints", "branch", name, "low-lr", "learning_rate=1e-3", cwd=tmp_path)
+        assert branched.returncode == 0, branched.stderr
+        wait_for(lambda: (branch_dir / CONTROL_FILE).exists() and not (out / CONTROL_FILE).exists(),
+                 "the branch to serve")
+        start = ctl_status(branch_dir, tmp_path)["step"]
+        wait_for(lambda: ctl_status(branch_dir, tmp_path)["step"] > start + 3, "the branch to train")
+        parent_checkpoints = sorted(p.name for p in out.glob("checkpoint-*"))
+        run.send_signal(signal.SIGINT)
+        _, stderr = run.communicate(timeout=180)
+    assert run.returncode == 130, stderr
+    end = read_events(branch_dir)[-1]
+    assert (end["event"], end["stop_reason"], end["saved"]) == ("end", "SIGINT", True), end
+    assert any(branch_dir.glob("checkpoint-*")) and not (branch_dir / CONTROL_FILE).exists()
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == parent_checkpoints
+
+
 _TWO_RANK_SCRIPT = """
 import json, sys, time
 from workbench import Trainer, TrainingArguments, TrainerCallback

@@ -393,6 +393,23 @@ def test_checkpoint_browser_branches_and_resumes(run, tmp_path):
     assert not child_thread.is_alive(), "closing a panel closes its branches' panels too"
 
 
+def test_a_remote_branch_of_the_panels_run_is_shown_below_it(run, tmp_path):
+    """``workbench ctl OUT checkpoints branch`` on a notebook's run: the branch takes the run's
+    process over, and the panel shows it below as a branch it made itself."""
+    session, panel = run(save_strategy="steps", save_steps=5)
+    wait_for(lambda: session.checkpoints, "a checkpoint")
+    branch = session.branch_from(session.checkpoints[0].path, tmp_path / "remote-branch", save=False).result(timeout=DEADLINE)
+    wait_for(lambda: panel.branches, "the panel to show the branch")
+    (shown,) = panel.branches
+    (child,) = panel.branch_box.children
+    assert shown is branch and child.session is branch
+    assert "a branch took over this run" in panel.notice.value and "remote-branch" in panel.notice.value
+    panel.refresh()
+    assert len(panel.branch_box.children) == 1  # told once
+    branch.stop(save=False)
+    branch.wait(timeout=DEADLINE)
+
+
 # ------------------------------------------------------------------------------------------- guard
 
 

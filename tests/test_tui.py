@@ -439,6 +439,35 @@ def test_branch_form_checks_overrides_and_follows_the_new_run(tmp_path):
     branch.wait(timeout=DEADLINE)
 
 
+def test_the_dashboard_follows_a_branch_that_takes_its_run_over_and_quits_from_it(tmp_path):
+    """A remote ``checkpoints branch`` (what the endpoint's server calls) stops the run the
+    dashboard shows and starts the branch in its process: the dashboard follows it, and
+    q then Enter stops and saves the branch."""
+    session, _ = tiny_session(tmp_path / "run", save_strategy="steps", save_steps=5)
+    branch_dir = tmp_path / "remote-branch"
+    holder: dict[str, Any] = {}
+
+    async def scenario(app, pilot):
+        await wait_for(pilot, lambda: len(session.checkpoints) >= 1, "a checkpoint")
+        holder["branch"] = session.branch_from(session.checkpoints[0].path, branch_dir, save=False)
+        await wait_for(pilot, lambda: holder["branch"].done() and app.session is holder["branch"].result(),
+                       "the dashboard following the branch")
+        branch = app.session
+        assert session.status == "stopped"
+        await wait_for(pilot, lambda: "a branch took over this run" in log_text(app), "the note")
+        await wait_for(pilot, lambda: app.session.snapshot().step > 5, "the branch training")
+        assert log_text(app).count("a branch took over this run") == 1  # told once
+        await press(pilot, "q")
+        await wait_for(pilot, lambda: isinstance(app.screen, QuitDialog) and app.screen.focused, "the quit dialog")
+        await press(pilot, "enter")
+        await wait_for(pilot, lambda: app.return_value is not None, "the app to exit")
+        holder["branch"] = branch
+
+    app = drive(session, scenario)
+    assert app.return_value == "saved" and holder["branch"].status == "stopped"
+    assert any(branch_dir.glob("checkpoint-*")), "the quit saved the branch"
+
+
 def test_quit_q_then_enter_stops_saves_and_exits(tmp_path):
     session, _ = tiny_session(tmp_path / "run")
 
@@ -624,6 +653,8 @@ class FixedSession:
     machine's floating point. The behaviour of the real Session is covered by the Pilot
     tests above.
     """
+
+    successor = None
 
     def __init__(self, root: Path, status: str, interventions: tuple = ()) -> None:
         self.status = status

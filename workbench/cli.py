@@ -492,6 +492,7 @@ def _run_dashboard(ns: argparse.Namespace, trainer, resume: object, output_dir: 
     from workbench.widgets.tui import run_dashboard
 
     from workbench.session.local import Session
+    from workbench.session.protocol import ENDED
 
     from workbench.train.callbacks import PrinterCallback, ProgressCallback
 
@@ -501,23 +502,25 @@ def _run_dashboard(ns: argparse.Namespace, trainer, resume: object, output_dir: 
     session = Session(trainer, resume_from_checkpoint=resume, control=serve,
                       control_port=ns.control_port, control_host=ns.control_host)
     outcome = run_dashboard(session)
-    if outcome != "aborted":  # a second ctrl+c means: do not wait for the save
-        try:
-            session.wait()
-        except BaseException:  # noqa: BLE001 - reported below from session.error
-            pass
-        branch = session.successor
-        while branch is not None:  # a remote `checkpoints branch` handed this process to a new run
-            print(f"workbench: training the branch in {branch.trainer.args.output_dir} until it ends "
-                  f"(workbench attach {branch.trainer.args.output_dir})", file=sys.stderr)
+    # A branch (made in the dashboard or by a remote `checkpoints branch`) takes this process
+    # over: the dashboard follows it, and what is reported below is the last run's.
+    run = session
+    while True:
+        if outcome != "aborted":  # a second ctrl+c means: do not wait for the save
+            if run is not session and run.status not in ENDED:  # the dashboard was left before it
+                print(f"workbench: training the branch in {run.trainer.args.output_dir} until it ends "
+                      f"(workbench attach {run.trainer.args.output_dir})", file=sys.stderr)
             try:
-                branch.wait()
-            except BaseException:  # noqa: BLE001 - the branch's own events.jsonl has it
+                run.wait()
+            except BaseException:  # noqa: BLE001 - reported below from the run's error
                 pass
-            branch = branch.successor
-    step = session.snapshot().step
-    if outcome == "failed" or session.error is not None:
-        error = session.error
+        if run.successor is None:
+            break
+        run = run.successor
+    output_dir = Path(run.trainer.args.output_dir)
+    step = run.snapshot().step
+    if outcome == "failed" or run.error is not None:
+        error = run.error
         if error is not None:
             traceback.print_exception(error)
         print(f"workbench: training failed; details in {output_dir / 'events.jsonl'}", file=sys.stderr)
@@ -530,7 +533,7 @@ def _run_dashboard(ns: argparse.Namespace, trainer, resume: object, output_dir: 
     elif outcome in ("stopped", "aborted"):
         print(f"workbench: stopped at step {step} without saving", file=sys.stderr)
     else:
-        print(f"workbench: {session.status}; files in {output_dir}")
+        print(f"workbench: {run.status}; files in {output_dir}")
     return OUTCOME_CODES.get(outcome, EXIT_FAILED)
 
 

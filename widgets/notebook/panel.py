@@ -236,6 +236,7 @@ class Panel(w.VBox):
             if self._closed:
                 return
             snap = self.session.snapshot()
+            self._adopt_successor()
             log_changed = self._drain_events()
             if snap is self._last and not log_changed:
                 return
@@ -249,6 +250,17 @@ class Panel(w.VBox):
             self.refresh_count += 1
             self.refresh_seconds += took
             self.refresh_max = max(self.refresh_max, took)
+
+    def _adopt_successor(self) -> None:
+        """Show a branch that took this run's process over (a remote ``checkpoints branch``)
+        below, as a branch made from this panel is shown."""
+        successor = self.session.successor
+        if successor is None or any(b is successor for b in self.branches):
+            return
+        output_dir = successor.arguments()["output_dir"]
+        self.branch_box.children = (*self.branch_box.children, Panel(successor, interval=self.interval))
+        self.branches.append(successor)
+        self._posted.put(("good", f"a branch took over this run: {output_dir} (shown below)"))
 
     def _drain_events(self) -> bool:
         changed = False

@@ -90,6 +90,7 @@ class DashboardApp(App[str]):
         self._snapshot: Snapshot | None = None
         self._quitting: str | None = None  # the outcome to exit with once the run has stopped
         self._exiting = False
+        self._successor_told: SessionLike | None = None  # the successor the poll has asked to follow
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -134,6 +135,14 @@ class DashboardApp(App[str]):
         ended = snap.status in TERMINAL
         if ended and self._quitting is None and self.session.stop_reason == "SIGTERM":
             self._quitting = "terminated"  # preempted through another rank: leave as the scheduler expects
+        successor = self.session.successor if ended else None
+        if successor is not None and successor is not self._successor_told:
+            # A branch took the run's process over (a remote `checkpoints branch`): follow it
+            # as a branch made here is followed.
+            self._successor_told = successor
+            note = f"a branch took over this run: {successor.arguments()['output_dir']}"
+            self.post_message(RunReplaced(successor, note, branch=True))
+            return
         if self._quitting is not None and ended and not self._exiting:
             self._exiting = True  # exit() once; later polls may still run while the app closes
             self.exit(self.outcome())
@@ -168,6 +177,9 @@ class DashboardApp(App[str]):
                 self.notify(f"eval_loss {fmt_number(loss)}", timeout=3)
 
     def on_run_replaced(self, message: RunReplaced) -> None:
+        if message.branch and message.session is self.session:
+            self.log_line("info", message.note)  # the other notice of a branch already followed
+            return
         self.follow(message.session)
         self.log_line("info", message.note)
         if message.session.status == Status.IDLE:
@@ -336,7 +348,8 @@ class DashboardApp(App[str]):
 
         def work() -> Any:
             branch = session.branch(checkpoint.path, output_dir, save=False, **overrides)
-            self.post_message(RunReplaced(branch, f"branched from {checkpoint.name} into {Path(output_dir).name}"))
+            self.post_message(RunReplaced(branch, f"branched from {checkpoint.name} into {Path(output_dir).name}",
+                                          branch=True))
 
         self.run_command("branch", work)
 

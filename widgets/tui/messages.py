@@ -36,12 +36,16 @@ class CommandFinished(Message):
 
 
 class RunReplaced(Message):
-    """The dashboard now follows ``session`` (after a resume-from or a branch)."""
+    """The dashboard now follows ``session`` (after a resume-from or a branch).
 
-    def __init__(self, session: SessionLike, note: str) -> None:
+    ``branch``: a new run that took the old one's process over; one branch can be told
+    twice (by the form that made it and by the poll that sees the old run's successor)."""
+
+    def __init__(self, session: SessionLike, note: str, branch: bool = False) -> None:
         super().__init__()
         self.session = session
         self.note = note
+        self.branch = branch
 
 
 class LogRecordArrived(Message):

@@ -131,6 +131,10 @@ class Connection:
 class RemoteSession:
     """SessionLike over the control protocol (see workbench.session.protocol for each call)."""
 
+    # A branch started in the run's process serves its own folder: attach to it there (the
+    # branch command's reply and the parent's events name it).
+    successor = None
+
     def __init__(self, info: Mapping[str, Any], token: str | None = None, timeout: float = 5.0) -> None:
         self.info = dict(info)
         self.token = token

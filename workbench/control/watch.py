@@ -28,6 +28,7 @@ class _Refusing:
     """The commands of a read-only SessionLike: each one refused with the same line."""
 
     why = "read-only"
+    successor = None  # a recorded or watched run is shown as it is; a branch is watched in its own folder
 
     def _refuse(self, what: str) -> Any:
         raise RuntimeError(f"{what}: {self.why}")

@@ -47,6 +47,12 @@ class SessionLike(Protocol):
         """Why the run was stopped ("SIGTERM", "SIGINT", "session", ...), None if it was not."""
         ...
 
+    @property
+    def successor(self) -> SessionLike | None:
+        """The run a branch handed this run's process to (it serves its own endpoint in its
+        own folder), None if none: a front-end follows it as it follows a branch it made."""
+        ...
+
     def snapshot(self) -> Snapshot:
         """The latest immutable view of the run (cheap; poll it)."""
         ...
