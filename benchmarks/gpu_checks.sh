@@ -19,7 +19,7 @@ say() { echo "gpu_checks.sh: $*"; }
 # 1. torch, as the machine has it; installing one needs the network (often absent there).
 if ! "$PY" -c "import torch" 2>/dev/null; then
     say "$PY has no torch; trying pip install torch (needs the network)"
-    "$PY" -m pip install -q torch || { say "MISSING: torch for $PY (no wheel reachable); install a CUDA build of torch"; exit 2; }
+    "$PY" -m pip install -q --retries 1 --timeout 10 torch || { say "MISSING: torch for $PY (no wheel reachable); install a CUDA build of torch"; exit 2; }
 fi
 "$PY" - <<'EOF' || exit 2
 import torch
@@ -39,14 +39,14 @@ esac
 for module in accelerate safetensors numpy; do
     if ! "$PY" -c "import $module" 2>/dev/null; then
         say "$module missing; trying pip install $module"
-        "$PY" -m pip install -q "$module" || { say "MISSING: $module for $PY (no network?)"; exit 2; }
+        "$PY" -m pip install -q --retries 1 --timeout 10 "$module" || { say "MISSING: $module for $PY (no network?)"; exit 2; }
     fi
 done
 
 # 3. workbench itself: gpu_checks.py puts this tree first on PYTHONPATH, so an install is only
-# a convenience; without build isolation it needs no network (no nested venv either: one made
-# from a venv's python would not see that venv's torch).
-if ! "$PY" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1; then
+# a convenience; offline, without build isolation (no nested venv either: one made from a
+# venv's python would not see that venv's torch).
+if ! "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1; then
     say "pip install -e . failed; running from the tree (PYTHONPATH) instead"
 fi
 
