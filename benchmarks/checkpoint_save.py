@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-import workbench.checkpoint.store as checkpoints
+import workbench.checkpoint.trainer_state as checkpoints
 from workbench import Trainer, TrainingArguments
 
 WIDTH = 4096
