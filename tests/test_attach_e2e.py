@@ -391,9 +391,26 @@ def test_a_dashboard_run_branched_by_ctl_follows_the_branch_and_quits_from_it(tm
         branched = workbench("ctl", out, "checkpoints", "branch", checkpoint, "low-lr", "learning_rate=1e-3",
                              cwd=tmp_path)
         assert branched.returncode == 0, branched.stderr
-        wait_until(lambda: shows("a branch took over this run"), "the dashboard to follow the branch", 120, 0.3)
-        wait_until(lambda: shows("RUNNING"), "the branch running in the dashboard", 120, 0.3)
-        assert ctl_status(branch_dir, tmp_path)["status"] == "running"
+        wait_until(lambda: (branch_dir / CONTROL_FILE).exists() and ctl_status(branch_dir, tmp_path)["step"] > 0,
+                   "the branch to train")
+        # The dashboard steers the branch once it follows it: space pauses the branch (its
+        # note may have scrolled out of the small events pane, behind the branch's own
+        # events). A space pressed before it followed only says the old run has ended.
+        def space_pauses_the_branch() -> bool:
+            if ctl_status(branch_dir, tmp_path)["status"] not in ("pausing", "paused"):
+                _keys(name, "space")
+            return wait_for_status(branch_dir, "paused", 3.0)
+
+        def wait_for_status(where: Path, status: str, seconds: float) -> bool:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                if ctl_status(where, tmp_path)["status"] == status:
+                    return True
+                time.sleep(0.2)
+            return False
+
+        wait_until(space_pauses_the_branch, "space in the dashboard to pause the branch", 90, 0)
+        wait_until(lambda: shows("PAUSED"), "the PAUSED badge", 60, 0.3)
         _keys(name, "q")
         wait_until(lambda: shows("Stop and save"), "the quit dialog", 60, 0.3)
         _keys(name, "Enter")
