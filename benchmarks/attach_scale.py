@@ -76,9 +76,8 @@ def tmux(*args: str) -> str:
     return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
 
 
-def dashboard_cpu(out: str, seconds: float, name: str) -> float:
-    """% of one core used by ``workbench attach out`` in a 110x32 tmux pane over ``seconds``."""
-    exe = Path(sys.executable).with_name("workbench")
+def dashboard_cpu(out: str, seconds: float, name: str, exe: str) -> float:
+    """% of one core used by ``exe attach out`` (a workbench CLI) in a 110x32 tmux pane over ``seconds``."""
     tmux("new-session", "-d", "-s", name, "-x", "110", "-y", "32", f"OMP_NUM_THREADS=1 exec {exe} attach {out}")
     try:
         pid = int(tmux("display-message", "-p", "-t", name, "#{pane_pid}").strip())
@@ -109,26 +108,34 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--samples", type=int, default=100)
     parser.add_argument("--prefill", type=int, default=1_000_000)
+    parser.add_argument("--dashboard", action="append", metavar="EXE",
+                        help="a workbench CLI to attach with (repeat to compare, e.g. another checkout's "
+                             ".venv/bin/workbench; the rows alternate); default: this one's")
     ns = parser.parse_args()
+    exes = ns.dashboard or [str(Path(sys.executable).with_name("workbench"))]
     if shutil.which("tmux") is None:
         sys.exit("attach_scale: needs tmux (apt-get install tmux)")
     torch.set_num_threads(1)
     train, _ = load_builtin_data("random-classification", n_train=8192)
-    rows = {"fresh run": 0, f"{ns.prefill:,} steps logged": ns.prefill}
+    runs = {"fresh run": 0, f"{ns.prefill:,} steps logged": ns.prefill}
+    # One row per (run, dashboard): with several dashboards the label names each by its checkout.
+    rows = {(f"{run}, {Path(exe).resolve().parents[2].name}" if len(exes) > 1 else run): (prefill, exe)
+            for run, prefill in runs.items() for exe in exes}
     cpu: dict[str, list[float]] = {name: [] for name in rows}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(ns.repeats):
             order = list(rows) if i % 2 == 0 else list(rows)[::-1]
             for name in order:
                 out = tempfile.mkdtemp(dir=tmp)
-                session = live_run(train, out, rows[name])
+                prefill, exe = rows[name]
+                session = live_run(train, out, prefill)
                 try:
-                    if rows[name] and i == 0:
+                    if prefill and i == 0 and exe == exes[0]:
                         series = series_round_trips(out, ns.samples)
                         print(f"series(points=2000) round trip, {name}, from a client process: median "
                               f"{series['median_ms']:.1f} ms, p95 {series['p95_ms']:.1f} ms, max {series['max_ms']:.1f} "
                               f"ms ({series['points']} points per series, {len(series['names'])} series)", flush=True)
-                    cpu[name].append(dashboard_cpu(out, ns.seconds, f"wb-bench-{os.getpid()}-{i}"))
+                    cpu[name].append(dashboard_cpu(out, ns.seconds, f"wb-bench-{os.getpid()}-{i}", exe))
                     print(f"  {name}: dashboard {cpu[name][-1]:.1f}% of a core; run at step {session.snapshot().step}",
                           flush=True)
                 finally:
@@ -137,7 +144,7 @@ def main() -> None:
                     session.close()
     print(f"attached dashboard, % of one core over {ns.seconds:g} s (logging every step), median [min-max]:")
     for name, values in cpu.items():
-        print(f"  {name:<28} {statistics.median(values):5.1f}% [{min(values):.1f}-{max(values):.1f}]")
+        print(f"  {name:<44} {statistics.median(values):5.1f}% [{min(values):.1f}-{max(values):.1f}]")
 
 
 if __name__ == "__main__":
