@@ -26,10 +26,14 @@ __all__ = ["DashboardScreen"]
 
 # Charts and the metrics table cost a few ms to draw (CPU the training thread could use);
 # every two seconds is enough for curves that move by a few pixels. Where a draw costs more
-# (a loaded machine, a wide terminal) the draws are spaced so that the charts use at most
-# CHART_BUDGET of a core, up to CHART_INTERVAL_MAX apart.
+# (a loaded machine, a wide terminal, noisy curves: plotext draws each segment point by
+# point) the draws are spaced so that the charts use at most CHART_BUDGET of a core, up to
+# CHART_INTERVAL_MAX apart. An attached dashboard (a process of its own, often one of
+# several watching a run) is held to CHART_BUDGET_ATTACHED: its whole process should use
+# under 5% of a core, and the charts were the largest part of that.
 CHART_INTERVAL = 2.0
 CHART_BUDGET = 0.025
+CHART_BUDGET_ATTACHED = 0.01
 CHART_INTERVAL_MAX = 10.0
 
 
@@ -49,8 +53,9 @@ class DashboardScreen(Screen):
         Binding("question_mark", "app.help", "help", key_display="?"),
     ]
 
-    def __init__(self) -> None:
+    def __init__(self, chart_budget: float = CHART_BUDGET) -> None:
         super().__init__(id="dashboard")
+        self.chart_budget = chart_budget  # the share of a core chart redraws may use
         self.log_scale = False
         self.smoothing = False
         self._chart_at = 0.0
@@ -149,9 +154,9 @@ class DashboardScreen(Screen):
 
     def chart_interval(self) -> float:
         """Seconds between chart redraws: CHART_INTERVAL, or longer when the last draws were
-        costly (their CPU time over CHART_BUDGET, at most CHART_INTERVAL_MAX)."""
+        costly (their CPU time over ``chart_budget``, at most CHART_INTERVAL_MAX)."""
         cost = sum(chart.build_seconds for chart in self.query(Chart))
-        return min(max(CHART_INTERVAL, cost / CHART_BUDGET), CHART_INTERVAL_MAX)
+        return min(max(CHART_INTERVAL, cost / self.chart_budget), CHART_INTERVAL_MAX)
 
     def _flush_charts(self) -> None:
         self._chart_timer = None
