@@ -19,8 +19,8 @@ from textual.widgets import Footer
 
 from workbench.widgets.view import GUARD_COLORS, TERMINAL, describe_event, describe_intervention
 
-from .charts import Chart, LossChart, RateChart
-from .panels import EventLog, GuardTable, MemoryPanel, MetricsTable, ProgressPanel, RunHeader, SummaryPanel
+from .charts import LossChart, RateChart
+from .panels import EventLog, GuardTable, MemoryPanel, MetricsTable, Parts, ProgressPanel, RunHeader, SummaryPanel
 
 __all__ = ["DashboardScreen"]
 
@@ -37,7 +37,7 @@ CHART_BUDGET_ATTACHED = 0.01
 CHART_INTERVAL_MAX = 10.0
 
 
-class DashboardScreen(Screen):
+class DashboardScreen(Parts, Screen):
     """Everything about the run on one screen, readable at 80x24."""
 
     BINDINGS = [
@@ -107,10 +107,10 @@ class DashboardScreen(Screen):
 
     def _show(self, snapshot: Any, frozen: bool) -> None:
         self._snapshot = snapshot
-        self.query_one(RunHeader).show(snapshot, frozen)
+        self.part(RunHeader).show(snapshot, frozen)
         done = snapshot.status in TERMINAL
-        progress = self.query_one(ProgressPanel)
-        summary = self.query_one(SummaryPanel)
+        progress = self.part(ProgressPanel)
+        summary = self.part(SummaryPanel)
         if summary.display != done:  # a display change is a layout pass: only on the switch
             progress.display = not done
             summary.display = done
@@ -119,7 +119,7 @@ class DashboardScreen(Screen):
         else:
             progress.show(snapshot, frozen)
         self._best = (snapshot.best_metric, snapshot.best_step)
-        self.query_one(MemoryPanel).show(snapshot.memory, frozen)
+        self.part(MemoryPanel).show(snapshot.memory, frozen)
         interventions = getattr(snapshot, "interventions", ())
         if interventions != self._interventions:
             self._show_interventions(interventions, snapshot.guard_interventions)
@@ -141,11 +141,11 @@ class DashboardScreen(Screen):
         for item in interventions[max(0, len(interventions) - new):]:
             self.log_line(*describe_intervention(item))
         self._interventions, self._intervention_total = interventions, total
-        table = self.query_one(GuardTable)
+        table = self.part(GuardTable)
         table.show(interventions)
         if table.display != bool(interventions):
             table.display = bool(interventions)
-        chart = self.query_one(LossChart)
+        chart = self.part(LossChart)
         chart.border_title = ("loss [cyan]train[/] [orange1]● eval[/]"
                               + (f" [{GUARD_COLORS['nonfinite']}]│[/][{GUARD_COLORS['spike']}]│[/] guard"
                                  if interventions else ""))
@@ -155,7 +155,7 @@ class DashboardScreen(Screen):
     def chart_interval(self) -> float:
         """Seconds between chart redraws: CHART_INTERVAL, or longer when the last draws were
         costly (their CPU time over ``chart_budget``, at most CHART_INTERVAL_MAX)."""
-        cost = sum(chart.build_seconds for chart in self.query(Chart))
+        cost = self.part(LossChart).build_seconds + self.part(RateChart).build_seconds
         return min(max(CHART_INTERVAL, cost / self.chart_budget), CHART_INTERVAL_MAX)
 
     def _flush_charts(self) -> None:
@@ -174,10 +174,10 @@ class DashboardScreen(Screen):
     def _draw_charts(self) -> None:
         # The metrics table follows the same series, so it keeps the charts' pace.
         series = self._series or {}
-        self.query_one(LossChart).show(series, log_scale=self.log_scale, smoothing=self.smoothing,
+        self.part(LossChart).show(series, log_scale=self.log_scale, smoothing=self.smoothing,
                                        interventions=self._interventions)
-        self.query_one(RateChart).show(series)
-        self.query_one(MetricsTable).show(series, *self._best)
+        self.part(RateChart).show(series)
+        self.part(MetricsTable).show(series, *self._best)
 
     def log_event(self, kind: str, step: int, data: dict[str, Any]) -> None:
         """Add a session event to the log (ordinary loss logs are left to the chart)."""
