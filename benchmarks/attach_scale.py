@@ -11,20 +11,36 @@ leaves them at their bound of ~2,000 points each with a million steps of history
   over the real Unix socket: median, p95, max over ``--samples`` calls.
 * The dashboard's CPU: utime+stime of its process from /proc/PID/stat over ``--seconds``,
   after it has drawn its first screen, as % of one core. Rows alternate (fresh run, 1M
-  steps, 1M steps, fresh run, ...); medians with [min-max].
+  steps, 1M steps, fresh run, ...); medians with [min-max]. ``--dashboard EXE`` (repeat it)
+  attaches with another checkout's CLI, e.g. main's ``.venv/bin/workbench``: before and
+  after side by side against the same live run code, the rows alternating.
 
-Results (2026-12-01, 2-core VM loaded by three other agents and a tracemalloc benchmark: load
-average 4-6, CPU time per unit of work ~3x an idle machine's):
+Results (2026-12-01, 2-core VM shared with other agents: load average 2.1-2.4; the run
+at ~250 steps/s, so ~250 events/s):
 
-  series(points=2000), 3 series of 1,477 points, 100 calls: median 44.9 ms, p95 129 ms
-      (before downsample() stopped copying points: median 63.8 ms, p95 87 ms, another run;
-      the run's training thread holds the GIL, so each of the request's steps waits for it)
-  attached dashboard, 30 s x 2, % of one core: fresh run 10.3 [10.2-10.4], 1M steps 7.1
-      [6.5-7.7]; before the chart budget 9.0 [8.5-9.6] and 6.8. Over the 5% target: with
-      its polling stopped it uses ~1.5%, the snapshot calls themselves ~0.2%, the chart
-      builds are now ~1 in 4 s; the rest is Textual repainting the panels at 4 Hz, which
-      halving the poll rate did not measurably change (not tracked down further).
-Usage: python benchmarks/attach_scale.py [--seconds S] [--repeats R] [--samples N]
+  series(points=2000), 3 series of 1,477 points, 100 calls: median 21.8 ms, p95 27.8 ms
+      (another run the same day, heavier load: median 44.9 ms, p95 129 ms; the run's
+      training thread holds the GIL, so each of the request's steps waits for it)
+  attached dashboard, 30 s x 3, % of one core, before (bf467ef) vs this version, one invocation:
+      fresh run  9.1 [7.7-9.6] -> 4.1 [3.7-4.1];  1M steps  7.4 [7.4-7.5] -> 4.2 [4.2-4.2]
+      (another invocation, 30 s x 2, load 2.5-3.8: 9.4 -> 4.2 and 7.3 -> 4.1)
+  What made the difference (py-spy of the whole process, instrumented runs):
+  - the event bridge posted one Textual message per event (~240 a second, each waking the
+    app's loop): one per poll now (~1.5 points);
+  - the charts were held to 2.5% of a core by their figure build only; the strips made
+    from it cost a quarter more, and an attached dashboard now gets 1% (a redraw every
+    ~7 s here, at most 10 s);
+  - a fresh run's series deltas carried the whole recent window (~40 kB a poll, its JSON
+    decode a fifth of the dashboard's CPU) once the history kept every 2nd+ point: the
+    few points that age into it now come as inserted points (~5 kB);
+  - chart_interval() ran a CSS query over the whole screen every poll.
+  Left: ~1.5% is Textual repainting the progress line at the 4 Hz poll (compositor and
+  terminal writes), ~1% the charts, ~1% Textual's own loop and threads; the event
+  bridge's 10 Hz round trips plus the decoding of every logged event ~0.3-0.8% (without
+  the bridge at all: 0.5-1.1 points less, two pairs of runs). A subscription stream would
+  save the requests but not the decoding, so the bridge still polls.
+
+Usage: python benchmarks/attach_scale.py [--seconds S] [--repeats R] [--samples N] [--dashboard EXE ...]
 """
 
 from __future__ import annotations
