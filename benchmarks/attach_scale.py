@@ -11,20 +11,36 @@ leaves them at their bound of ~2,000 points each with a million steps of history
   over the real Unix socket: median, p95, max over ``--samples`` calls.
 * The dashboard's CPU: utime+stime of its process from /proc/PID/stat over ``--seconds``,
   after it has drawn its first screen, as % of one core. Rows alternate (fresh run, 1M
-  steps, 1M steps, fresh run, ...); medians with [min-max].
+  steps, 1M steps, fresh run, ...); medians with [min-max]. ``--dashboard EXE`` (repeat it)
+  attaches with another checkout's CLI, e.g. main's ``.venv/bin/workbench``: before and
+  after side by side against the same live run code, the rows alternating.
 
-Results (2026-12-01, 2-core VM loaded by three other agents and a tracemalloc benchmark: load
-average 4-6, CPU time per unit of work ~3x an idle machine's):
+Results (2026-12-01, 2-core VM shared with other agents: load average 2.1-2.4; the run
+at ~250 steps/s, so ~250 events/s):
 
-  series(points=2000), 3 series of 1,477 points, 100 calls: median 44.9 ms, p95 129 ms
-      (before downsample() stopped copying points: median 63.8 ms, p95 87 ms, another run;
-      the run's training thread holds the GIL, so each of the request's steps waits for it)
-  attached dashboard, 30 s x 2, % of one core: fresh run 10.3 [10.2-10.4], 1M steps 7.1
-      [6.5-7.7]; before the chart budget 9.0 [8.5-9.6] and 6.8. Over the 5% target: with
-      its polling stopped it uses ~1.5%, the snapshot calls themselves ~0.2%, the chart
-      builds are now ~1 in 4 s; the rest is Textual repainting the panels at 4 Hz, which
-      halving the poll rate did not measurably change (not tracked down further).
-Usage: python benchmarks/attach_scale.py [--seconds S] [--repeats R] [--samples N]
+  series(points=2000), 3 series of 1,477 points, 100 calls: median 21.8 ms, p95 27.8 ms
+      (another run the same day, heavier load: median 44.9 ms, p95 129 ms; the run's
+      training thread holds the GIL, so each of the request's steps waits for it)
+  attached dashboard, 30 s x 3, % of one core, before (bf467ef) vs this version, one invocation:
+      fresh run  9.1 [7.7-9.6] -> 4.1 [3.7-4.1];  1M steps  7.4 [7.4-7.5] -> 4.2 [4.2-4.2]
+      (another invocation, 30 s x 2, load 2.5-3.8: 9.4 -> 4.2 and 7.3 -> 4.1)
+  What made the difference (py-spy of the whole process, instrumented runs):
+  - the event bridge posted one Textual message per event (~240 a second, each waking the
+    app's loop): one per poll now (~1.5 points);
+  - the charts were held to 2.5% of a core by their figure build only; the strips made
+    from it cost a quarter more, and an attached dashboard now gets 1% (a redraw every
+    ~7 s here, at most 10 s);
+  - a fresh run's series deltas carried the whole recent window (~40 kB a poll, its JSON
+    decode a fifth of the dashboard's CPU) once the history kept every 2nd+ point: the
+    few points that age into it now come as inserted points (~5 kB);
+  - chart_interval() ran a CSS query over the whole screen every poll.
+  Left: ~1.5% is Textual repainting the progress line at the 4 Hz poll (compositor and
+  terminal writes), ~1% the charts, ~1% Textual's own loop and threads; the event
+  bridge's 10 Hz round trips plus the decoding of every logged event ~0.3-0.8% (without
+  the bridge at all: 0.5-1.1 points less, two pairs of runs). A subscription stream would
+  save the requests but not the decoding, so the bridge still polls.
+
+Usage: python benchmarks/attach_scale.py [--seconds S] [--repeats R] [--samples N] [--dashboard EXE ...]
 """
 
 from __future__ import annotations
@@ -76,9 +92,8 @@ def tmux(*args: str) -> str:
     return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
 
 
-def dashboard_cpu(out: str, seconds: float, name: str) -> float:
-    """% of one core used by ``workbench attach out`` in a 110x32 tmux pane over ``seconds``."""
-    exe = Path(sys.executable).with_name("workbench")
+def dashboard_cpu(out: str, seconds: float, name: str, exe: str) -> float:
+    """% of one core used by ``exe attach out`` (a workbench CLI) in a 110x32 tmux pane over ``seconds``."""
     tmux("new-session", "-d", "-s", name, "-x", "110", "-y", "32", f"OMP_NUM_THREADS=1 exec {exe} attach {out}")
     try:
         pid = int(tmux("display-message", "-p", "-t", name, "#{pane_pid}").strip())
@@ -109,26 +124,34 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--samples", type=int, default=100)
     parser.add_argument("--prefill", type=int, default=1_000_000)
+    parser.add_argument("--dashboard", action="append", metavar="EXE",
+                        help="a workbench CLI to attach with (repeat to compare, e.g. another checkout's "
+                             ".venv/bin/workbench; the rows alternate); default: this one's")
     ns = parser.parse_args()
+    exes = ns.dashboard or [str(Path(sys.executable).with_name("workbench"))]
     if shutil.which("tmux") is None:
         sys.exit("attach_scale: needs tmux (apt-get install tmux)")
     torch.set_num_threads(1)
     train, _ = load_builtin_data("random-classification", n_train=8192)
-    rows = {"fresh run": 0, f"{ns.prefill:,} steps logged": ns.prefill}
+    runs = {"fresh run": 0, f"{ns.prefill:,} steps logged": ns.prefill}
+    # One row per (run, dashboard): with several dashboards the label names each by its checkout.
+    rows = {(f"{run}, {Path(exe).resolve().parents[2].name}" if len(exes) > 1 else run): (prefill, exe)
+            for run, prefill in runs.items() for exe in exes}
     cpu: dict[str, list[float]] = {name: [] for name in rows}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(ns.repeats):
             order = list(rows) if i % 2 == 0 else list(rows)[::-1]
             for name in order:
                 out = tempfile.mkdtemp(dir=tmp)
-                session = live_run(train, out, rows[name])
+                prefill, exe = rows[name]
+                session = live_run(train, out, prefill)
                 try:
-                    if rows[name] and i == 0:
+                    if prefill and i == 0 and exe == exes[0]:
                         series = series_round_trips(out, ns.samples)
                         print(f"series(points=2000) round trip, {name}, from a client process: median "
                               f"{series['median_ms']:.1f} ms, p95 {series['p95_ms']:.1f} ms, max {series['max_ms']:.1f} "
                               f"ms ({series['points']} points per series, {len(series['names'])} series)", flush=True)
-                    cpu[name].append(dashboard_cpu(out, ns.seconds, f"wb-bench-{os.getpid()}-{i}"))
+                    cpu[name].append(dashboard_cpu(out, ns.seconds, f"wb-bench-{os.getpid()}-{i}", exe))
                     print(f"  {name}: dashboard {cpu[name][-1]:.1f}% of a core; run at step {session.snapshot().step}",
                           flush=True)
                 finally:
@@ -137,7 +160,7 @@ def main() -> None:
                     session.close()
     print(f"attached dashboard, % of one core over {ns.seconds:g} s (logging every step), median [min-max]:")
     for name, values in cpu.items():
-        print(f"  {name:<28} {statistics.median(values):5.1f}% [{min(values):.1f}-{max(values):.1f}]")
+        print(f"  {name:<44} {statistics.median(values):5.1f}% [{min(values):.1f}-{max(values):.1f}]")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,32 @@ def test_deltas_rebuild_a_real_store_through_thinning_and_new_series():
     assert sorted(tails)[len(tails) // 2] <= 5
 
 
+@pytest.mark.parametrize("inserts", [True, False])
+def test_deltas_stay_small_once_the_history_keeps_every_other_point(inserts):
+    # Polled every 60 steps (an attached dashboard on a fast run), a store past its first
+    # thinnings moves a few aged points into its history each poll, between the kept prefix
+    # and the kept recent points: a client that reads inserted points gets those few, not the
+    # whole recent window; one that does not (inserts=False) gets the 3-element form only.
+    rng = random.Random(1)
+    store = SeriesStore(limit=400)
+    held, sent, shapes = store.frozen(), [], set()
+    for step in range(1, 6001):
+        store.add_log(step, {"loss": rng.random(), "grad_norm": rng.random()})
+        if step % 60 == 0:
+            new = store.frozen()
+            delta = series_delta(held, new, inserts)
+            assert apply_delta(held, delta) == new, step
+            if step > 1000:  # the history keeps every 4th point or fewer by now
+                sent.append(max(len(d[2]) + (len(d[3]) if len(d) > 3 else 0) for d in delta.values()))
+                shapes.update(len(d) for d in delta.values())
+            held = new
+    median = sorted(sent)[len(sent) // 2]
+    if inserts:
+        assert 4 in shapes and median <= 60 + 15  # the new points and the few that aged into the history
+    else:
+        assert shapes == {3} and median >= 100  # the whole recent window (100 points) and more
+
+
 def test_deltas_stay_exact_where_the_shape_does_not_fit():
     old = {"loss": ((0, 1.0), (5, 2.0), (5, 3.0), (9, math.nan)), "gone": ((1, 1.0),)}
     cases = [
@@ -66,6 +92,16 @@ def test_versions_name_objects_not_contents():
     a, b = {"loss": ((0, 1.0),)}, {"loss": ((0, 1.0),)}
     assert versions.version(a) == versions.version(a) != versions.version(b)
     assert versions.reply(a, versions.version(a)) == {"series_version": versions.version(a), "series_unchanged": True}
+    # Deltas with inserted points go only to a client that reads them (inserts=True).
+    c = {"loss": ((0, 1.0), (1, 2.0), (2, 3.0), (3, 4.0), (4, 5.0))}
+    d = {"loss": ((0, 1.0), (2, 3.0), (3, 4.0), (4, 5.0), (5, 6.0))}  # (1, 2.0) gone: prefix, suffix, tail
+    e = {"loss": ((0, 1.0), (2, 3.0), (4, 5.0), (5, 6.0))}  # (2, 3.0) kept between prefix and suffix
+    since = versions.version(c)
+    versions.version(d)
+    assert versions.reply(d, since, inserts=True)["series_delta"] == {"loss": [1, 2, [(5, 6.0)]]}
+    versions.version(e)
+    assert versions.reply(e, since, inserts=True)["series_delta"] == {"loss": [1, 4, [(5, 6.0)], [(2, 3.0)]]}
+    assert versions.reply(e, since)["series_delta"] == {"loss": [1, 5, [(2, 3.0), (4, 5.0), (5, 6.0)]]}
     # A version from another run's server never matches: the client gets the whole curves.
     assert other.version(a) != versions.version(a)
     assert versions.reply(a, other.version(a))["series"] == a

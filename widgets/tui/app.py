@@ -5,7 +5,7 @@ Threading (DESIGN.md section 4):
 - the training thread never calls into the app; the app *polls* ``session.snapshot()`` (an
   immutable object swapped atomically) with ``set_interval`` at ~8 Hz;
 - events reach the app through ``EventBridge``, a thread that polls the session's
-  ``events_since()`` and posts each event with ``post_message`` (thread-safe);
+  ``events_since()`` and posts what each poll found with ``post_message`` (thread-safe);
 - commands that may take a while (save or evaluate while paused, waiting for a stop) run in
   short-lived threads that report back with ``post_message`` too. Quick commands (pause,
   resume, stop, queuing a save) are called directly: they only set flags.
@@ -32,12 +32,12 @@ from workbench.widgets.view import TERMINAL, fmt_lr, fmt_number
 
 from .bridge import EventBridge, LogForwarder
 from .checkpoints import CheckpointsScreen
-from .dashboard import DashboardScreen
+from .dashboard import CHART_BUDGET, CHART_BUDGET_ATTACHED, DashboardScreen
 from .dialogs import QuitDialog
 from .forms import EditForm
 from .help import HelpScreen
 from .inspect import InspectScreen
-from .messages import CommandFinished, LogRecordArrived, RunReplaced, SessionEventArrived
+from .messages import CommandFinished, LogRecordArrived, RunReplaced, SessionEventsArrived
 
 __all__ = ["DashboardApp", "OUTCOMES"]
 
@@ -83,7 +83,7 @@ class DashboardApp(App[str]):
         self.frozen = frozen
         self.clock = clock
         self.handle_signals = handle_signals
-        self.dashboard = DashboardScreen()
+        self.dashboard = DashboardScreen(CHART_BUDGET_ATTACHED if attached else CHART_BUDGET)
         self._generation = 0
         self._bridge = EventBridge(self, session, self._generation)
         self._logs = LogForwarder(self)
@@ -155,13 +155,13 @@ class DashboardApp(App[str]):
 
     # -- messages from threads ------------------------------------------------------------------
 
-    def on_session_event_arrived(self, message: SessionEventArrived) -> None:
+    def on_session_events_arrived(self, message: SessionEventsArrived) -> None:
         if message.generation != self._generation:
             return  # from a session the dashboard no longer follows
-        event = message.event
-        self.dashboard.log_event(event.kind, event.step, event.data)
-        if event.kind == "failed":
-            self.notify(str(event.data.get("error", "training failed")), title="run failed", severity="error")
+        for event in message.events:
+            self.dashboard.log_event(event.kind, event.step, event.data)
+            if event.kind == "failed":
+                self.notify(str(event.data.get("error", "training failed")), title="run failed", severity="error")
 
     def on_log_record_arrived(self, message: LogRecordArrived) -> None:
         self.log_line(message.level, message.text)

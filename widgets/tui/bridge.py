@@ -3,7 +3,8 @@
 The session keeps its recent events and hands them out with ``events_since(cursor)``, a
 plain poll that also works for a session in another process. Polling from the app's event
 loop would stall it whenever the session is slow to answer, so a small daemon thread polls
-instead and posts each event to the app with ``post_message`` (thread-safe). The training
+instead and posts the events each poll found to the app in one ``post_message``
+(thread-safe). The training
 thread itself never touches the app.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 
 from workbench.session.protocol import SessionLike
 
-from .messages import LogRecordArrived, SessionEventArrived
+from .messages import LogRecordArrived, SessionEventsArrived
 
 __all__ = ["EventBridge", "LogForwarder"]
 
@@ -43,8 +44,8 @@ class EventBridge:
     def _forward(self) -> None:
         while not self._closed.is_set():
             events, self.cursor = self.session.events_since(self.cursor)
-            for event in events:
-                self.app.post_message(SessionEventArrived(event, self.generation))
+            if events:
+                self.app.post_message(SessionEventsArrived(events, self.generation))
             self._closed.wait(POLL_S)
 
     def close(self) -> None:

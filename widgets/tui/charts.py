@@ -53,7 +53,11 @@ class Chart(PlotextPlot):
         self._version = 0  # bumped by every redraw request
         self._rendered: tuple[tuple, Any] | None = None
         self.plotted: dict[str, list[Point]] = {}
-        self.build_seconds = 0.0  # CPU of the last figure build: the dashboard spaces redraws by it
+        self._builds = 0
+        # CPU of the last figure build and of turning it into screen lines (plotext's ANSI
+        # text read back and cut into strips: a quarter of the cost): the dashboard spaces
+        # redraws by it.
+        self.build_seconds = 0.0
 
     def render(self) -> Any:
         # Textual may ask for the content again (a neighbour repainting, a screen switch);
@@ -62,8 +66,16 @@ class Chart(PlotextPlot):
         if self._rendered is None or self._rendered[0] != key:
             began = time.thread_time()
             self._rendered = (key, super().render())
+            self._builds += 1
             self.build_seconds = time.thread_time() - began
         return self._rendered[1]
+
+    def render_lines(self, crop: Any) -> Any:
+        began, builds = time.thread_time(), self._builds
+        lines = super().render_lines(crop)
+        if self._builds != builds:  # this call built the figure: count the lines made from it too
+            self.build_seconds = time.thread_time() - began
+        return lines
 
     def refresh(self, *args: Any, **kwargs: Any) -> Any:
         self._version += 1

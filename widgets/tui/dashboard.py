@@ -19,21 +19,25 @@ from textual.widgets import Footer
 
 from workbench.widgets.view import GUARD_COLORS, TERMINAL, describe_event, describe_intervention
 
-from .charts import Chart, LossChart, RateChart
-from .panels import EventLog, GuardTable, MemoryPanel, MetricsTable, ProgressPanel, RunHeader, SummaryPanel
+from .charts import LossChart, RateChart
+from .panels import EventLog, GuardTable, MemoryPanel, MetricsTable, Parts, ProgressPanel, RunHeader, SummaryPanel
 
 __all__ = ["DashboardScreen"]
 
 # Charts and the metrics table cost a few ms to draw (CPU the training thread could use);
 # every two seconds is enough for curves that move by a few pixels. Where a draw costs more
-# (a loaded machine, a wide terminal) the draws are spaced so that the charts use at most
-# CHART_BUDGET of a core, up to CHART_INTERVAL_MAX apart.
+# (a loaded machine, a wide terminal, noisy curves: plotext draws each segment point by
+# point) the draws are spaced so that the charts use at most CHART_BUDGET of a core, up to
+# CHART_INTERVAL_MAX apart. An attached dashboard (a process of its own, often one of
+# several watching a run) is held to CHART_BUDGET_ATTACHED: its whole process should use
+# under 5% of a core, and the charts were the largest part of that.
 CHART_INTERVAL = 2.0
 CHART_BUDGET = 0.025
+CHART_BUDGET_ATTACHED = 0.01
 CHART_INTERVAL_MAX = 10.0
 
 
-class DashboardScreen(Screen):
+class DashboardScreen(Parts, Screen):
     """Everything about the run on one screen, readable at 80x24."""
 
     BINDINGS = [
@@ -49,8 +53,9 @@ class DashboardScreen(Screen):
         Binding("question_mark", "app.help", "help", key_display="?"),
     ]
 
-    def __init__(self) -> None:
+    def __init__(self, chart_budget: float = CHART_BUDGET) -> None:
         super().__init__(id="dashboard")
+        self.chart_budget = chart_budget  # the share of a core chart redraws may use
         self.log_scale = False
         self.smoothing = False
         self._chart_at = 0.0
@@ -102,10 +107,10 @@ class DashboardScreen(Screen):
 
     def _show(self, snapshot: Any, frozen: bool) -> None:
         self._snapshot = snapshot
-        self.query_one(RunHeader).show(snapshot, frozen)
+        self.part(RunHeader).show(snapshot, frozen)
         done = snapshot.status in TERMINAL
-        progress = self.query_one(ProgressPanel)
-        summary = self.query_one(SummaryPanel)
+        progress = self.part(ProgressPanel)
+        summary = self.part(SummaryPanel)
         if summary.display != done:  # a display change is a layout pass: only on the switch
             progress.display = not done
             summary.display = done
@@ -114,7 +119,7 @@ class DashboardScreen(Screen):
         else:
             progress.show(snapshot, frozen)
         self._best = (snapshot.best_metric, snapshot.best_step)
-        self.query_one(MemoryPanel).show(snapshot.memory, frozen)
+        self.part(MemoryPanel).show(snapshot.memory, frozen)
         interventions = getattr(snapshot, "interventions", ())
         if interventions != self._interventions:
             self._show_interventions(interventions, snapshot.guard_interventions)
@@ -136,11 +141,11 @@ class DashboardScreen(Screen):
         for item in interventions[max(0, len(interventions) - new):]:
             self.log_line(*describe_intervention(item))
         self._interventions, self._intervention_total = interventions, total
-        table = self.query_one(GuardTable)
+        table = self.part(GuardTable)
         table.show(interventions)
         if table.display != bool(interventions):
             table.display = bool(interventions)
-        chart = self.query_one(LossChart)
+        chart = self.part(LossChart)
         chart.border_title = ("loss [cyan]train[/] [orange1]● eval[/]"
                               + (f" [{GUARD_COLORS['nonfinite']}]│[/][{GUARD_COLORS['spike']}]│[/] guard"
                                  if interventions else ""))
@@ -149,9 +154,9 @@ class DashboardScreen(Screen):
 
     def chart_interval(self) -> float:
         """Seconds between chart redraws: CHART_INTERVAL, or longer when the last draws were
-        costly (their CPU time over CHART_BUDGET, at most CHART_INTERVAL_MAX)."""
-        cost = sum(chart.build_seconds for chart in self.query(Chart))
-        return min(max(CHART_INTERVAL, cost / CHART_BUDGET), CHART_INTERVAL_MAX)
+        costly (their CPU time over ``chart_budget``, at most CHART_INTERVAL_MAX)."""
+        cost = self.part(LossChart).build_seconds + self.part(RateChart).build_seconds
+        return min(max(CHART_INTERVAL, cost / self.chart_budget), CHART_INTERVAL_MAX)
 
     def _flush_charts(self) -> None:
         self._chart_timer = None
@@ -169,10 +174,10 @@ class DashboardScreen(Screen):
     def _draw_charts(self) -> None:
         # The metrics table follows the same series, so it keeps the charts' pace.
         series = self._series or {}
-        self.query_one(LossChart).show(series, log_scale=self.log_scale, smoothing=self.smoothing,
+        self.part(LossChart).show(series, log_scale=self.log_scale, smoothing=self.smoothing,
                                        interventions=self._interventions)
-        self.query_one(RateChart).show(series)
-        self.query_one(MetricsTable).show(series, *self._best)
+        self.part(RateChart).show(series)
+        self.part(MetricsTable).show(series, *self._best)
 
     def log_event(self, kind: str, step: int, data: dict[str, Any]) -> None:
         """Add a session event to the log (ordinary loss logs are left to the chart)."""

@@ -13,15 +13,18 @@ from textual.message import Message
 
 from workbench.session.protocol import SessionEvent, SessionLike
 
-__all__ = ["SessionEventArrived", "CommandFinished", "RunReplaced", "LogRecordArrived"]
+__all__ = ["SessionEventsArrived", "CommandFinished", "RunReplaced", "LogRecordArrived"]
 
 
-class SessionEventArrived(Message):
-    """A ``SessionEvent`` from the session of generation ``generation``."""
+class SessionEventsArrived(Message):
+    """``SessionEvent``s, oldest first, from the session of generation ``generation``.
 
-    def __init__(self, event: SessionEvent, generation: int) -> None:
+    One message for all the events a poll found: a run logging every step emits hundreds a
+    second, and a message each woke the app's loop for every one of them."""
+
+    def __init__(self, events: list[SessionEvent], generation: int) -> None:
         super().__init__()
-        self.event = event
+        self.events = events
         self.generation = generation
 
 

@@ -28,7 +28,7 @@ from workbench.widgets.view import (
     summary_lines,
 )
 
-__all__ = ["RunHeader", "ProgressPanel", "MetricsTable", "MemoryPanel", "EventLog", "SummaryPanel", "GuardTable"]
+__all__ = ["Parts", "RunHeader", "ProgressPanel", "MetricsTable", "MemoryPanel", "EventLog", "SummaryPanel", "GuardTable"]
 
 STATUSES = tuple(Status)  # one CSS class per status: .status-idle, .status-running, ...
 
@@ -43,7 +43,25 @@ def set_text(widget: Static, content: str | Text) -> None:
         widget.update(content, layout=False)
 
 
-class RunHeader(Horizontal):
+class Parts:
+    """``part(selector)``: ``query_one(selector)``, remembered. A query walks the widget tree
+    matching CSS each time (a dozen a poll, several polls a second, was a third of the
+    dashboard's poll); these panels never replace the parts they compose."""
+
+    _parts: dict[Any, Widget] | None = None
+
+    def part(self, selector: Any) -> Any:
+        """The one descendant matching ``selector`` (a type or a CSS selector); NoMatches
+        before it is composed (then asked again next time)."""
+        if self._parts is None:
+            self._parts = {}
+        found = self._parts.get(selector)
+        if found is None:
+            found = self._parts[selector] = self.query_one(selector)  # type: ignore[attr-defined]
+        return found
+
+
+class RunHeader(Parts, Horizontal):
     """One line: run name, status badge, device, elapsed time."""
 
     def compose(self) -> ComposeResult:
@@ -54,18 +72,18 @@ class RunHeader(Horizontal):
 
     def show(self, snapshot: Any, frozen_clock: bool = False) -> None:
         """Show ``snapshot``; ``frozen_clock`` hides the ticking elapsed time (snapshot tests)."""
-        name = self.query_one("#run-name", Static)
+        name = self.part("#run-name")
         if str(name.content) != (snapshot.run_name or "workbench"):
             name.update(Text(snapshot.run_name or "workbench", style="bold"))  # width: auto, so a layout pass
-        badge = self.query_one("#badge", Static)
+        badge = self.part("#badge")
         label = f" {status_label(snapshot.status)} "
         if badge.content != label:
             badge.update(label, layout=False)
             for status in STATUSES:
                 badge.set_class(status == snapshot.status, f"status-{status}")
-        set_text(self.query_one("#device", Static), snapshot.device or "")
+        set_text(self.part("#device"), snapshot.device or "")
         elapsed = "-:--:--" if frozen_clock else fmt_clock(snapshot.elapsed)
-        set_text(self.query_one("#elapsed", Static), f"elapsed {elapsed}")
+        set_text(self.part("#elapsed"), f"elapsed {elapsed}")
 
 
 class StepBar(Widget):
@@ -101,7 +119,7 @@ class StepBar(Widget):
         return bar
 
 
-class ProgressPanel(Vertical):
+class ProgressPanel(Parts, Vertical):
     """A progress bar over max_steps, then step, epoch, throughput and ETA."""
 
     def compose(self) -> ComposeResult:
@@ -110,12 +128,12 @@ class ProgressPanel(Vertical):
 
     def show(self, snapshot: Any, frozen_clock: bool = False) -> None:
         """Show ``snapshot``'s progress; ``frozen_clock`` hides speeds and the ETA (snapshot tests)."""
-        self.query_one(StepBar).set(snapshot.step, snapshot.max_steps)
+        self.part(StepBar).set(snapshot.step, snapshot.max_steps)
         line = progress_line(snapshot)
         if frozen_clock:
             line = f"step {snapshot.step}/{snapshot.max_steps or '?'}" + (
                 f" · epoch {snapshot.epoch:.2f}" if snapshot.epoch is not None else "")
-        set_text(self.query_one("#progress-line", Static), line)
+        set_text(self.part("#progress-line"), line)
 
 
 class MetricsTable(Widget):

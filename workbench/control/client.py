@@ -269,7 +269,8 @@ class RemoteSession:
     def snapshot(self) -> Snapshot:
         """The run's newest snapshot; the same object as last time when nothing changed."""
         try:
-            data = self._call("snapshot", since=self._snapshot.updated or None, series_since=self._series_version)
+            data = self._call("snapshot", since=self._snapshot.updated or None, series_since=self._series_version,
+                              series_delta=2)
             series = None if data.get("unchanged") else self._series_from(data)
         except (NoLiveRun, OSError):
             if self._snapshot.status not in ENDED:

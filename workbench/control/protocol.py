@@ -9,9 +9,11 @@ MAX_LINE bytes in both directions, so neither side can be made to buffer without
 ``snapshot`` polls: ``since`` (the ``updated`` of the client's last snapshot) answers
 ``{"unchanged": true}`` when nothing changed. ``series_since`` (the ``series_version`` of
 the client's last full reply) answers ``"series_unchanged": true`` without the curves when
-they have not changed, so a 10 Hz poller costs the run a few kB a poll, not its 2,000-point
-series. Both are optional: a client that sends neither gets every field every time, and a
-server that predates ``series_since`` ignores it (it is an additive part of version 1).
+they have not changed, or ``series_delta`` (see series_delta.py) with what changed, so a
+10 Hz poller costs the run a few kB a poll, not its 2,000-point series; ``series_delta: 2``
+says the client also reads deltas with inserted points (a long run's thinned history).
+All are optional: a client that sends none gets every field every time, and a server
+that predates them ignores them (they are an additive part of version 1).
 
 Also here: the plain-data conversions of the session's value types (Snapshot, SessionEvent)
 to JSON and back, and the series downsampling the server applies before sending.

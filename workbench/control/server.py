@@ -369,7 +369,8 @@ class ControlServer:
         if not _bool(args, "series", True):
             return fields
         # A client that holds the curves gets what changed in them: a few hundred bytes a poll.
-        return {**fields, **self._series_versions.reply(snap.series, args.get("series_since"))}
+        inserts = args.get("series_delta") == 2  # the client reads deltas with inserted points
+        return {**fields, **self._series_versions.reply(snap.series, args.get("series_since"), inserts)}
 
     def _snapshot_fields(self, snap: Any) -> dict:
         """Everything of ``snap`` but its series, converted once per published snapshot
