@@ -24,6 +24,9 @@ at ~250 steps/s, so ~250 events/s):
   attached dashboard, 30 s x 3, % of one core, before (bf467ef) vs this version, one invocation:
       fresh run  9.1 [7.7-9.6] -> 4.1 [3.7-4.1];  1M steps  7.4 [7.4-7.5] -> 4.2 [4.2-4.2]
       (another invocation, 30 s x 2, load 2.5-3.8: 9.4 -> 4.2 and 7.3 -> 4.1)
+  Then the attached poll at 3 Hz instead of 4 (widgets/tui/app.py POLL_ATTACHED), side by
+  side in one invocation (30 s x 3, load ~1-2): fresh run 3.9 [3.6-4.0] vs 4.0 [3.9-4.4],
+  1M steps 3.9 [3.7-4.1] vs 4.1 [4.0-4.2]; series(points=2000) median 12.3 ms, p95 13.2 ms.
   What made the difference (py-spy of the whole process, instrumented runs):
   - the event bridge posted one Textual message per event (~240 a second, each waking the
     app's loop): one per poll now (~1.5 points);

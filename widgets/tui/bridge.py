@@ -4,8 +4,7 @@ The session keeps its recent events and hands them out with ``events_since(curso
 plain poll that also works for a session in another process. Polling from the app's event
 loop would stall it whenever the session is slow to answer, so a small daemon thread polls
 instead and posts the events each poll found to the app in one ``post_message``
-(thread-safe). The training
-thread itself never touches the app.
+(thread-safe). The training thread itself never touches the app.
 """
 
 from __future__ import annotations
