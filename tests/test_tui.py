@@ -385,6 +385,9 @@ def test_checkpoints_screen_protects_the_newest_and_deletes_others(tmp_path):
         assert newest in [c.name for c in session.checkpoints]
         assert app.screen is screen
         await press(pilot, "home")
+        # Keys are handled asynchronously: wait for each one's effect (a loaded machine may
+        # take longer than press()'s pause).
+        await wait_for(pilot, lambda: screen.selected.name == screen.rows[0].name, "the cursor on the first row")
         oldest = screen.selected.name
         await press(pilot, "d")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.screen.focused, "the confirmation")
@@ -394,7 +397,7 @@ def test_checkpoints_screen_protects_the_newest_and_deletes_others(tmp_path):
         await press(pilot, "d")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.screen.focused, "the confirmation")
         await press(pilot, "left")
-        assert app.screen.focused.id == "confirm-yes"
+        await wait_for(pilot, lambda: app.screen.focused.id == "confirm-yes", "the focus on Delete")
         await press(pilot, "enter")  # "Delete"
         await wait_for(pilot, lambda: oldest not in [c.name for c in session.checkpoints], "the delete")
         assert screen.query_one("#ckpt-table").row_count == len(session.checkpoints)
@@ -516,7 +519,7 @@ def test_quit_stop_without_saving_exits_130_and_saves_nothing(tmp_path):
         await press(pilot, "q")
         await wait_for(pilot, lambda: isinstance(app.screen, QuitDialog) and app.screen.focused, "the quit dialog")
         await press(pilot, "right")  # focus: "Stop without saving"
-        assert app.screen.focused.id == "quit-discard"
+        await wait_for(pilot, lambda: app.screen.focused.id == "quit-discard", "the focus on Stop without saving")
         await press(pilot, "enter")
         await wait_for(pilot, lambda: app.return_value is not None, "the app to exit")
 
