@@ -747,6 +747,34 @@ async def _events_shown(pilot) -> None:
     await pilot.pause(0.1)
 
 
+def test_an_ended_runs_snapshot_is_shown_again_until_every_panel_took_it(tmp_path, monkeypatch):
+    """An ended run's snapshot never changes: a first show that meets a panel not composed
+    yet (NoMatches, seen on a loaded machine) is retried, not left half shown."""
+    from textual.css.query import NoMatches
+
+    from workbench.widgets.tui.dashboard import DashboardScreen
+    from workbench.widgets.tui.panels import SummaryPanel
+
+    real, failed = DashboardScreen._show, []
+
+    def first_show_meets_an_uncomposed_panel(self, snapshot, frozen):
+        if not failed:
+            failed.append(True)
+            raise NoMatches("SummaryPanel")
+        return real(self, snapshot, frozen)
+
+    monkeypatch.setattr(DashboardScreen, "_show", first_show_meets_an_uncomposed_panel)
+    app = fixed_app(tmp_path, "finished")
+
+    async def main() -> None:
+        async with app.run_test(size=(80, 24)) as pilot:
+            summary = app.dashboard.query_one(SummaryPanel)
+            await wait_for(pilot, lambda: "finished at step 300/300" in str(summary.render()), "the summary")
+
+    asyncio.run(main())
+    assert failed
+
+
 def test_snapshot_main_screen_finished_80x24(tmp_path, snap_compare):
     assert snap_compare(fixed_app(tmp_path, "finished"), terminal_size=(80, 24), run_before=_events_shown)
 

@@ -133,9 +133,9 @@ class DashboardApp(App[str]):
         """Show the newest snapshot (a cheap identity check when nothing changed)."""
         snap = self.session.snapshot()
         if snap is not self._snapshot:
-            self._snapshot = snap
             self.title = snap.run_name or "workbench"
-            self.dashboard.show(snap, self.frozen)
+            if self.dashboard.show(snap, self.frozen):
+                self._snapshot = snap
             screen = self.screen
             if screen is not self.dashboard and isinstance(screen, CheckpointsScreen):
                 screen.show(snap, self.frozen)

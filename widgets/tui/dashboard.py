@@ -98,12 +98,15 @@ class DashboardScreen(Parts, Screen):
 
     # -- updates from the app ---------------------------------------------------------------
 
-    def show(self, snapshot: Any, frozen: bool = False) -> None:
-        """Show a new snapshot (charts at most every chart_interval() seconds)."""
+    def show(self, snapshot: Any, frozen: bool = False) -> bool:
+        """Show a new snapshot (charts at most every chart_interval() seconds); False when a
+        panel has not composed its parts yet, so the caller shows it again next time (an
+        ended run's snapshot never changes: it would otherwise stay half shown)."""
         try:
             self._show(snapshot, frozen)
         except NoMatches:
-            pass  # a panel has not composed its parts yet: the next poll shows it
+            return False
+        return True
 
     def _show(self, snapshot: Any, frozen: bool) -> None:
         self._snapshot = snapshot
