@@ -744,6 +744,12 @@ async def _events_shown(pilot) -> None:
     await wait_for(pilot, lambda: app.dashboard.query("#events"), "the dashboard")
     await wait_for(pilot, lambda: len(log_text(app).splitlines()) >= 8, "the fixed events")
     await wait_for(pilot, lambda: app.dashboard.query_one("#loss-chart").plotted.get("eval_loss"), "the charts")
+    # The layout after the status switch (summary or progress line) is redone after a
+    # refresh: on a loaded machine a fixed pause could take the picture before it.
+    from workbench.widgets.tui.panels import ProgressPanel, SummaryPanel
+
+    panel = SummaryPanel if app.session.status in ("finished", "stopped", "failed") else ProgressPanel
+    await wait_for(pilot, lambda: app.dashboard.query_one(panel).region.height > 0, "the layout for the status")
     await pilot.pause(0.1)
 
 
