@@ -151,7 +151,6 @@ class GuardMonitor:
             # A loss scaler sets found_inf itself (and would overwrite ours): mask instead there.
             found_inf = allow_found_inf and _supports_found_inf(inner)
             self.checks = DeviceChecks(*checks, inner, device, num_processes, found_inf)
-        self._check_spike = guard.spike != "off"
         self._loss: torch.Tensor | None = None
         # Where each step not read yet took its data from: (step, epoch, first batch, last batch).
         self._where: list[tuple[int, int, int, int] | None] = [None] * MAX_PENDING

@@ -224,7 +224,7 @@ class HostChecks:
             flags[0], flags[1] = float(nonfinite), float(spike)
             all_reduce_flags(flags)
             nonfinite, spike = bool(flags[0]), bool(flags[1])
-        bad = (self._check_nonfinite and nonfinite) or (spike_on and spike)
+        bad = nonfinite or spike  # each is False unless its check is on (spike: once a window is full)
         if self._check_spike:
             if not bad:  # only accepted losses enter the running median
                 self._replace(self.pos, value)
