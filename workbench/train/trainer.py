@@ -39,6 +39,7 @@ from workbench.train.callbacks import (
 )
 from workbench.data.collators import RemoveColumnsCollator, default_collator_for, signature_columns
 from workbench.train.optim import decay_parameter_names, get_optimizer_cls_and_kwargs, get_scheduler, parameter_groups
+from workbench.train.schedules import step_on_metric
 from workbench.data.samplers import (
     BatchRebalanceSampler,
     EpochRandomSampler,
@@ -734,8 +735,12 @@ class Trainer:
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
 
     def _evaluate(self, trial: Any, ignore_keys_for_eval: list[str] | None, skip_scheduler: bool = False) -> dict[str, float]:
-        """An evaluation during training (HF's step: ``evaluate`` with the training's ignore keys)."""
-        return self.evaluate(ignore_keys=ignore_keys_for_eval)
+        """An evaluation during training (HF's step: ``evaluate`` with the training's ignore keys),
+        then a plateau schedule's step on its metric."""
+        metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
+        if not skip_scheduler:
+            step_on_metric(self.lr_scheduler, self.args.metric_for_best_model, metrics)
+        return metrics
 
     def _determine_best_metric(self, metrics: dict[str, float], trial: Any) -> bool:
         """Track ``metric_for_best_model``; True when this evaluation is the new best. An
