@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import workbench.train.losses as losses
 from workbench.train.args import TrainingArguments
+from workbench.train.hf_args import as_workbench_arguments
 from workbench.train.guard import Guard
 from workbench.train.callbacks import (
     CallbackHandler,
@@ -93,7 +94,8 @@ class Trainer:
         preprocess_logits_for_metrics: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
         guard: Guard | None = None,
     ) -> None:
-        self.args = args if args is not None else TrainingArguments("tmp_trainer")
+        # transformers' TrainingArguments are read into workbench's (the user's object untouched).
+        self.args = as_workbench_arguments(args) if args is not None else TrainingArguments("tmp_trainer")
         # workbench: what to do about non-finite or spiking losses (train/guard.py); None is
         # off, as in HF. ``guard_pause`` is set by an interactive front-end (the Session):
         # without it, a guard that asks to pause stops the run with a checkpoint instead.
