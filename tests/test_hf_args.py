@@ -330,6 +330,22 @@ def test_a_saved_checkpoint_holds_plain_strings_and_resumes_without_warnings(tmp
     assert "in its training_args.json" not in caplog.text  # the same arguments compare equal
 
 
+def test_a_config_file_round_trips_enum_fields_as_strings(tmp_path):
+    from workbench.config.loader import dump_config, load_config
+
+    path = tmp_path / "run.toml"
+    path.write_text('[model]\nbuiltin = "mlp"\n[data]\nbuiltin = "random-classification"\n[training]\n'
+                    'lr_scheduler_type = "warmup_stable_decay"\nlr_scheduler_kwargs = { num_decay_steps = 5 }\n'
+                    'optim = "rmsprop"\neval_strategy = "steps"\naccelerator_config = { even_batches = false }\n')
+    config = load_config(path)
+    assert config.training.lr_scheduler_type == "warmup_stable_decay" and isinstance(config.training.optim, enum.Enum)
+    assert config.training.accelerator_config.even_batches is False
+    text = dump_config(config)
+    assert 'lr_scheduler_type = "warmup_stable_decay"' in text and 'optim = "rmsprop"' in text
+    (tmp_path / "again.toml").write_text(text)
+    assert load_config(tmp_path / "again.toml").training.to_dict() == config.training.to_dict()
+
+
 def test_process_members_match_transformers_in_one_process():
     theirs, ours = HF("out", log_level="info", log_level_replica="error"), TrainingArguments(
         "out", log_level="info", log_level_replica="error")
