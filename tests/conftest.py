@@ -15,7 +15,7 @@ import torch
 
 from workbench import TrainerCallback, TrainingArguments
 
-__all__ = ["make_args", "StopAt"]
+__all__ = ["make_args", "StopAt", "tiny_bert_classifier", "token_rows"]
 
 
 def make_args(out: str | Path, **overrides: Any) -> TrainingArguments:
@@ -25,6 +25,24 @@ def make_args(out: str | Path, **overrides: Any) -> TrainingArguments:
                                "save_strategy": "no", "logging_steps": 1}
     options.update(overrides)
     return TrainingArguments(**options)
+
+
+def tiny_bert_classifier() -> torch.nn.Module:
+    """A 3-label BERT classifier from a config (no download, no dropout), seeded: with
+    sequential data transformers' Trainer and workbench's take bitwise the same steps on it."""
+    import transformers
+
+    config = transformers.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, num_labels=3, hidden_dropout_prob=0.0,
+                                     attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    return transformers.BertForSequenceClassification(config)
+
+
+def token_rows(n: int = 40) -> list[dict[str, torch.Tensor]]:
+    """``n`` rows of 8 random token ids and a label for :func:`tiny_bert_classifier`."""
+    g = torch.Generator().manual_seed(1)
+    return [{"input_ids": torch.randint(0, 64, (8,), generator=g), "labels": torch.tensor(i % 3)} for i in range(n)]
 
 
 class StopAt(TrainerCallback):

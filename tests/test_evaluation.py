@@ -24,7 +24,6 @@ from torch import nn
 
 from workbench import EvalPrediction, Trainer, TrainerCallback, TrainingArguments
 from workbench import metrics as wb_metrics
-from workbench.train.args import ArgumentError
 from workbench.train.evaluation import concat_batches, pad_and_concat
 from conftest import make_args as _make_args
 
@@ -425,10 +424,15 @@ def test_bf16_full_eval_runs_on_cpu_close_to_fp32(tmp_path):
     assert next(trainer.model.parameters()).dtype == torch.float32  # weights untouched
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is available on this machine")
-def test_fp16_full_eval_is_refused_on_cpu(tmp_path):
-    with pytest.raises(ArgumentError, match="fp16_full_eval"):
-        make_args(tmp_path, fp16_full_eval=True)
+def test_fp16_full_eval_is_accepted_on_cpu_as_in_hf_and_runs_in_fp16(tmp_path):
+    rows = lm_rows(16, seed=8)
+    fp32 = Trainer(model=TinyLM(scale=3.0), args=make_args(tmp_path / "a"), eval_dataset=rows).evaluate()
+    trainer = Trainer(model=TinyLM(scale=3.0), args=make_args(tmp_path / "b", fp16_full_eval=True, use_cpu=True),
+                      eval_dataset=rows)
+    fp16 = trainer.evaluate()
+    assert fp16["eval_loss"] == pytest.approx(fp32["eval_loss"], abs=0.01)
+    assert fp16["eval_loss"] != fp32["eval_loss"]  # it really ran in fp16
+    assert next(trainer.model.parameters()).dtype == torch.float32  # weights untouched
 
 
 # -- 9. greater_is_better and best metric ---------------------------------------------------------------

@@ -315,7 +315,7 @@ def _fit_groups(scheduler_state: dict[str, Any], groups: int) -> dict[str, Any]:
     """A schedule saved for another number of parameter groups (see state_dicts.regroup),
     with its per-group lists cut or repeated to ``groups`` entries."""
     out = dict(scheduler_state)
-    for key in ("base_lrs", "_last_lr", "lr_lambdas"):
+    for key in ("base_lrs", "_last_lr", "lr_lambdas", "min_lrs"):
         values = out.get(key)
         if isinstance(values, list) and values and len(values) != groups:
             out[key] = (values + [values[-1]] * groups)[:groups]

@@ -253,7 +253,10 @@ def describe_type(tp: Any) -> str:
     if origin in (typing.Union, types.UnionType):
         if Any in args:
             return "any value"
-        return " or ".join(dict.fromkeys(describe_type(a) for a in args if a is not type(None)))
+        # A str enum beside str (HF's "SchedulerType | str") is just "a string" in a file.
+        kept = [a for a in args if a is not type(None) and not any(
+            a is not b and isinstance(a, type) and isinstance(b, type) and issubclass(a, b) for b in args)]
+        return " or ".join(dict.fromkeys(describe_type(a) for a in kept))
     if origin in (list, tuple, set, frozenset, Sequence):
         plural = {str: "strings", int: "integers", float: "numbers", bool: "booleans"}
         return f"a list of {plural.get(args[0], describe_type(args[0]))}" if args else "a list"

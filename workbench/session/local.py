@@ -846,7 +846,7 @@ class Session(CheckpointCommands):
             interventions=self._interventions(state),
             error=f"{type(self._error).__name__}: {self._error}" if self._error is not None else None,
             traceback=self._traceback,
-            run_name=args.run_name,
+            run_name=args.run_name or str(args.output_dir),
             output_dir=str(args.output_dir),
             device=str(self.trainer.accelerator.device),
             updated=time.time(),

@@ -5,6 +5,7 @@ Kept apart from trainer.py so the Trainer class stays about the methods users ov
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from workbench.train.args import TrainingArguments
@@ -34,20 +35,19 @@ def make_accelerator(args: TrainingArguments) -> "Accelerator":
     # a fresh AcceleratorState, as a new Trainer may want another precision.
     distributed_state(args)
     AcceleratorState._reset_state()
-    config = dict(args.accelerator_config or {})
-    dataloader_config = DataLoaderConfiguration(
-        split_batches=config.pop("split_batches", False),
-        dispatch_batches=config.pop("dispatch_batches", None),
-        even_batches=config.pop("even_batches", True),
-        non_blocking=config.pop("non_blocking", False),
-    )
-    if config:
-        raise ValueError(f"accelerator_config: unknown keys {sorted(config)}; accepted: split_batches, "
-                         "dispatch_batches, even_batches, non_blocking")
+    # An AcceleratorConfig (TrainingArguments checked its keys and refused the unserved ones).
+    config = args.accelerator_config
+    dataloader_config = DataLoaderConfiguration(split_batches=config.split_batches,
+                                                dispatch_batches=config.dispatch_batches,
+                                                even_batches=config.even_batches, non_blocking=config.non_blocking)
     ddp = {k: getattr(args, f"ddp_{k}") for k in ("find_unused_parameters", "bucket_cap_mb",
                                                    "broadcast_buffers", "static_graph")}
     ddp = {k: v for k, v in ddp.items() if v is not None}
     precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+    if precision == "fp16" and (wants_cpu(args) or not _has_fp16_device()):
+        # As transformers: accepted, and Accelerate trains in float32 there (no CPU fp16 autocast).
+        logging.getLogger("workbench").warning("fp16: this run is on the CPU, where Accelerate trains in float32 "
+                                               "(as transformers' Trainer does); use bf16 for mixed precision there")
     from datetime import timedelta
 
     from accelerate.utils import InitProcessGroupKwargs
@@ -68,6 +68,12 @@ def make_accelerator(args: TrainingArguments) -> "Accelerator":
         kwargs_handlers=handlers or None,
         **accelerator_plugins(args),
     )
+
+
+def _has_fp16_device() -> bool:
+    import torch
+
+    return torch.cuda.is_available() or torch.backends.mps.is_available()
 
 
 def check_sharding(trainer: "Trainer") -> None:

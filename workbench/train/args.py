@@ -13,60 +13,34 @@ import enum
 import importlib.util
 import json
 import math
-from pathlib import Path
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from workbench.train.accelerator_config import AcceleratorConfig
+from workbench.train.arg_values import (  # noqa: F401 - ArgumentError and FSDP_SHARDING are part of this module's API
+    FSDP_SHARDING, ArgumentError, check_steps, fsdp_options, is_multiple, json_file, json_or_dict, typed_strings,
+)
+from workbench.train.arg_enums import (
+    SERVED_SCHEDULES, DebugOption, HubStrategy, IntervalStrategy, OptimizerNames, ParallelMode, SaveStrategy,
+    SchedulerType, SERVED_OPTIMIZERS, unserved_optimizer,
+)
+from workbench.train.args_methods import LOG_LEVELS, ArgumentSetters, ProcessMembers
 from workbench.train.edits import learning_rate_problem
 
 __all__ = [
+    "AcceleratorConfig",
     "ArgumentError",
+    "DebugOption",
+    "HubStrategy",
     "IntervalStrategy",
+    "ParallelMode",
     "SaveStrategy",
     "SchedulerType",
     "OptimizerNames",
     "TrainingArguments",
     "UNSERVED_FIELDS",
 ]
-
-
-class ArgumentError(ValueError):
-    """A training argument is invalid; ``key`` names it (None for a combination)."""
-
-    def __init__(self, key: str | None, message: str) -> None:
-        super().__init__(f"{key}: {message}" if key else message)
-        self.key = key
-        self.reason = message
-
-
-class IntervalStrategy(str, enum.Enum):
-    NO = "no"
-    STEPS = "steps"
-    EPOCH = "epoch"
-
-
-class SaveStrategy(str, enum.Enum):
-    NO = "no"
-    STEPS = "steps"
-    EPOCH = "epoch"
-    BEST = "best"
-
-
-class SchedulerType(str, enum.Enum):
-    LINEAR = "linear"
-    COSINE = "cosine"
-    COSINE_WITH_RESTARTS = "cosine_with_restarts"
-    POLYNOMIAL = "polynomial"
-    CONSTANT = "constant"
-    CONSTANT_WITH_WARMUP = "constant_with_warmup"
-
-
-class OptimizerNames(str, enum.Enum):
-    ADAMW_TORCH = "adamw_torch"
-    ADAMW_TORCH_FUSED = "adamw_torch_fused"
-    SGD = "sgd"
-    ADAFACTOR = "adafactor"
 
 
 # Fields of HF's TrainingArguments that this build accepts only at their default value,
@@ -84,73 +58,25 @@ UNSERVED_FIELDS: dict[str, str] = {
     "use_liger_kernel": "the liger-kernel package is not part of workbench",
     "liger_kernel_config": "the liger-kernel package is not part of workbench",
     "optim_target_modules": "GaLore/APOLLO optimizers are not supported (optim must be one of "
-    + ", ".join(o.value for o in OptimizerNames) + ")",
+    + ", ".join(SERVED_OPTIMIZERS) + ")",
     "parallelism_config": "parallelism_config (N-D parallelism) is not supported; use fsdp or deepspeed",
     "use_cache": "use_cache is a transformers generation setting; set it on the model config",
-    "debug": "debug options (underflow_overflow, tpu_metrics_debug) are not supported",
 }
 
 _STEP_FIELDS = ("logging_steps", "eval_steps", "save_steps")
+# Argparse settings HfArgumentParser reads from a field's metadata (as on HF's fields).
+_BARE_FLAG = {"nargs": "?", "const": True}
+_MP_CONTEXTS = ("fork", "spawn", "forkserver")
+_SAMPLING = ("random", "sequential", "group_by_length", "batch_rebalance")
+_DDP_BACKENDS = ("gloo", "nccl", "mpi", "ccl", "hccl", "cncl", "mccl", "xccl")
+# Fields HF reads a JSON object string into a dict for (a command line gives text).
+_DICT_FIELDS = ("lr_scheduler_kwargs", "activation_checkpointing_kwargs", "gradient_checkpointing_kwargs",
+                "fsdp_config", "deepspeed", "accelerator_config")
 _REPORT_SINKS = ("jsonl", "trackio", "tensorboard")  # "all" means those installed
 
 
-def _check_steps(name: str, value: float | None) -> None:
-    """HF rule for *_steps: a positive int, or a float in (0, 1) meaning a ratio of max_steps."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ArgumentError(name, f"expected an int or a float ratio in (0, 1), got {value!r}")
-    if value <= 0:
-        raise ArgumentError(name, f"must be > 0, got {value}")
-    if value > 1 and float(value) != int(value):
-        raise ArgumentError(name, f"values above 1 must be whole numbers of steps, got {value}")
-
-
-FSDP_SHARDING = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2")
-FSDP_OPTIONS = (*FSDP_SHARDING, "offload", "auto_wrap")
-
-
-def _fsdp_options(value: Any) -> list[str]:
-    """HF's ``fsdp`` option string ("full_shard auto_wrap") or list, checked, as a list."""
-    if value in (None, "", False):
-        return []
-    if value is True:
-        return ["full_shard"]
-    words = value.split() if isinstance(value, str) else [str(getattr(v, "value", v)) for v in value]
-    unknown = [w for w in words if w not in FSDP_OPTIONS]
-    if unknown:
-        raise ArgumentError("fsdp", f"unknown option(s) {', '.join(unknown)}; use any of: {', '.join(FSDP_OPTIONS)}")
-    if sum(w in FSDP_SHARDING for w in words) > 1:
-        raise ArgumentError("fsdp", f"choose one sharding strategy of: {', '.join(FSDP_SHARDING)}")
-    return words
-
-
-def _json_file(name: str, value: Any) -> Any:
-    """A path to a JSON file (as HF accepts for fsdp_config / deepspeed) becomes its text."""
-    if isinstance(value, str) and value.strip().endswith(".json") and not value.lstrip().startswith("{"):
-        path = Path(value).expanduser()
-        if not path.is_file():
-            raise ArgumentError(name, f"{value}: no such JSON file")
-        return path.read_text(encoding="utf-8")
-    return value
-
-
-def _json_or_dict(name: str, value: Any) -> dict | None:
-    if value is None or isinstance(value, dict):
-        return value
-    if isinstance(value, str):
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ArgumentError(name, f"expected a table or a JSON object string ({exc.msg})") from None
-        if not isinstance(parsed, dict):
-            raise ArgumentError(name, "expected a JSON object")
-        return parsed
-    raise ArgumentError(name, f"expected a table or a JSON object string, got {type(value).__name__}")
-
-
 @dataclass
-class TrainingArguments:
+class TrainingArguments(ProcessMembers, ArgumentSetters):
     """The arguments that shape a training run, with Hugging Face's names and defaults.
 
     ``output_dir`` is positional as in transformers. Steps-like fields
@@ -163,10 +89,10 @@ class TrainingArguments:
     num_train_epochs: float = 3.0
     max_steps: int = -1
     learning_rate: float = 5e-5
-    lr_scheduler_type: str = "linear"
+    lr_scheduler_type: SchedulerType | str = "linear"
     lr_scheduler_kwargs: dict | str | None = None
     warmup_steps: float = 0
-    optim: str = "adamw_torch_fused"
+    optim: OptimizerNames | str = "adamw_torch_fused"
     optim_args: str | None = None
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
@@ -182,27 +108,28 @@ class TrainingArguments:
     bf16_full_eval: bool = False
     fp16_full_eval: bool = False
     tf32: bool | None = None
-    activation_checkpointing: bool | None = None
-    activation_checkpointing_kwargs: dict | str | None = None
-    gradient_checkpointing: bool | None = None
-    gradient_checkpointing_kwargs: dict | str | None = None
+    # A bare --activation_checkpointing / --gradient_checkpointing means true (HfArgumentParser).
+    activation_checkpointing: bool | None = field(default=None, metadata=_BARE_FLAG)
+    activation_checkpointing_kwargs: dict[str, Any] | str | None = None
+    gradient_checkpointing: bool | None = field(default=None, metadata=_BARE_FLAG)
+    gradient_checkpointing_kwargs: dict[str, Any] | str | None = None
     torch_compile: bool = False
     torch_compile_backend: str | None = None
     torch_compile_mode: str | None = None
     use_liger_kernel: bool = False
-    liger_kernel_config: dict | None = None
+    liger_kernel_config: dict[str, bool] | None = None
     use_cache: bool = False
     neftune_noise_alpha: float | None = None
     torch_empty_cache_steps: int | None = None
     auto_find_batch_size: bool = False
-    logging_strategy: str = "steps"
+    logging_strategy: IntervalStrategy | str = "steps"
     logging_steps: float = 500
     logging_first_step: bool = False
     log_on_each_node: bool = True
     logging_nan_inf_filter: bool = True
     include_num_input_tokens_seen: str | bool = "no"
-    log_level: str = "passive"
-    log_level_replica: str = "warning"
+    log_level: str = field(default="passive", metadata={"choices": tuple(LOG_LEVELS)})
+    log_level_replica: str = field(default="warning", metadata={"choices": tuple(LOG_LEVELS)})
     disable_tqdm: bool | None = None
     report_to: None | str | list[str] = "none"
     run_name: str | None = None
@@ -210,7 +137,7 @@ class TrainingArguments:
     trackio_space_id: str | None = None
     trackio_bucket_id: str | None = None
     trackio_static_space_id: str | None = None
-    eval_strategy: str = "no"
+    eval_strategy: IntervalStrategy | str = "no"
     eval_steps: float | None = None
     eval_delay: float = 0
     per_device_eval_batch_size: int = 8
@@ -222,7 +149,7 @@ class TrainingArguments:
     include_for_metrics: list[str] = field(default_factory=list)
     batch_eval_metrics: bool = False
     save_only_model: bool = False
-    save_strategy: str = "steps"
+    save_strategy: SaveStrategy | str = "steps"
     save_steps: float = 500
     save_on_each_node: bool = False
     save_total_limit: int | None = None
@@ -241,7 +168,7 @@ class TrainingArguments:
     hub_token: str | None = None
     hub_private_repo: bool | None = None
     hub_model_id: str | None = None
-    hub_strategy: str = "every_save"
+    hub_strategy: HubStrategy | str = "every_save"
     hub_always_push: bool = False
     hub_revision: str | None = None
     load_best_model_at_end: bool = False
@@ -260,22 +187,23 @@ class TrainingArguments:
     dataloader_pin_memory: bool = True
     dataloader_persistent_workers: bool = False
     dataloader_prefetch_factor: int | None = None
-    dataloader_multiprocessing_context: str | None = None
+    dataloader_multiprocessing_context: str | None = field(default=None, metadata={"choices": _MP_CONTEXTS})
     dataloader_in_order: bool = True
     remove_unused_columns: bool = True
     label_names: list[str] | None = None
-    train_sampling_strategy: str = "random"
+    train_sampling_strategy: str = field(default="random", metadata={"choices": _SAMPLING})
     length_column_name: str = "length"
     ddp_find_unused_parameters: bool | None = None
     ddp_bucket_cap_mb: int | None = None
     ddp_broadcast_buffers: bool | None = None
     ddp_static_graph: bool | None = None
-    ddp_backend: str | None = None
+    ddp_backend: str | None = field(default=None, metadata={"choices": _DDP_BACKENDS})
     ddp_timeout: int = 1800
-    fsdp: str | list[str] | None = None
-    fsdp_config: dict | str | None = None
+    # "full_shard auto_wrap" as one word list (a bare --fsdp: full_shard), or a list.
+    fsdp: list[str] | str | None = field(default=None, metadata=_BARE_FLAG)
+    fsdp_config: dict[str, Any] | str | None = None
     deepspeed: dict | str | None = None
-    debug: str | list[str] = ""
+    debug: str | list[DebugOption] = ""
     skip_memory_metrics: bool = True
     do_train: bool = False
     do_eval: bool = False
@@ -287,10 +215,10 @@ class TrainingArguments:
         if self.output_dir is None:
             self.output_dir = "trainer_output"
         self.output_dir = str(self.output_dir)
-        if self.run_name is None:
-            self.run_name = self.output_dir
         self._reject_unserved()
         self._normalize_enums()
+        self._normalize_dicts()
+        self._normalize_flags()
         self._validate_numbers()
         self._validate_control()
         self._validate_eval_and_save()
@@ -309,54 +237,98 @@ class TrainingArguments:
                 raise ArgumentError(name, f"not supported: {why}")
 
     def _normalize_enums(self) -> None:
-        def pick(name: str, enum_cls: type[enum.Enum]) -> str:
+        """Named choices become their enum members (equal to their strings), as in HF."""
+        def pick(name: str, enum_cls: type[enum.Enum], served: tuple[str, ...] | None = None) -> enum.Enum:
             value = getattr(self, name)
             value = value.value if isinstance(value, enum.Enum) else value
-            allowed = [e.value for e in enum_cls]
-            if value not in allowed:
-                raise ArgumentError(name, f"{value!r} is not one of: {', '.join(allowed)}")
-            return value
+            allowed = served or tuple(e.value for e in enum_cls)
+            try:
+                return enum_cls(value)
+            except ValueError:
+                raise ArgumentError(name, f"{value!r} is not one of: {', '.join(allowed)}") from None
 
         self.eval_strategy = pick("eval_strategy", IntervalStrategy)
         self.logging_strategy = pick("logging_strategy", IntervalStrategy)
         self.save_strategy = pick("save_strategy", SaveStrategy)
-        self.lr_scheduler_type = pick("lr_scheduler_type", SchedulerType)
-        self.optim = pick("optim", OptimizerNames)
-        strategies = ("random", "sequential", "group_by_length", "batch_rebalance")
-        if self.train_sampling_strategy not in strategies:
-            raise ArgumentError(
-                "train_sampling_strategy",
-                f"{self.train_sampling_strategy!r} is not one of: {', '.join(strategies)}",
-            )
+        self.hub_strategy = pick("hub_strategy", HubStrategy)
+        self.lr_scheduler_type = pick("lr_scheduler_type", SchedulerType, SERVED_SCHEDULES)
+        if self.lr_scheduler_type not in SERVED_SCHEDULES:
+            raise ArgumentError("lr_scheduler_type", f"{self.lr_scheduler_type.value!r} (transformers' GreedyLR) is not "
+                                                     f"built by workbench; use one of: {', '.join(SERVED_SCHEDULES)}")
+        self.optim = pick("optim", OptimizerNames, SERVED_OPTIMIZERS)
+        problem = unserved_optimizer(self.optim)
+        if problem is not None:
+            raise ArgumentError("optim", problem)
+        debug = self.debug  # HfArgumentParser leaves an unset list-or-string field None
+        words = [] if debug is None else debug.split() if isinstance(debug, str) else list(debug)
+        try:
+            self.debug = [DebugOption(getattr(w, "value", w)) for w in words]
+        except ValueError:
+            raise ArgumentError("debug", f"{debug!r}: options are {', '.join(o.value for o in DebugOption)}") from None
+        if self.debug:
+            raise ArgumentError("debug", "not supported: debug options (underflow_overflow, tpu_metrics_debug) "
+                                         "are not served by workbench; unset debug")
         tokens = self.include_num_input_tokens_seen
         if isinstance(tokens, bool):
             tokens = "all" if tokens else "no"
         if tokens not in ("all", "non_padding", "no"):
             raise ArgumentError("include_num_input_tokens_seen", f"{tokens!r} is not one of: all, non_padding, no")
         self.include_num_input_tokens_seen = tokens
-        self.lr_scheduler_kwargs = _json_or_dict("lr_scheduler_kwargs", self.lr_scheduler_kwargs) or {}
-        self.accelerator_config = _json_or_dict("accelerator_config", self.accelerator_config)
-        self.fsdp_config = _json_or_dict("fsdp_config", _json_file("fsdp_config", self.fsdp_config))
-        self.deepspeed = _json_or_dict("deepspeed", _json_file("deepspeed", self.deepspeed))
-        self.fsdp = _fsdp_options(self.fsdp)
+        for name, choices in (("train_sampling_strategy", _SAMPLING), ("log_level", tuple(LOG_LEVELS)),
+                              ("log_level_replica", tuple(LOG_LEVELS))):
+            if getattr(self, name) not in choices:
+                raise ArgumentError(name, f"{getattr(self, name)!r} is not one of: {', '.join(choices)}")
+        if self.ddp_backend not in (None, *_DDP_BACKENDS):
+            raise ArgumentError("ddp_backend", f"{self.ddp_backend!r} is not a torch.distributed backend "
+                                               f"({', '.join(_DDP_BACKENDS)})")
+
+    def _normalize_dicts(self) -> None:
+        """JSON text (a command line's) becomes dicts; accelerator_config an AcceleratorConfig."""
+        for name in _DICT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, str) and value.lstrip().startswith("{"):
+                setattr(self, name, typed_strings(json_or_dict(name, value)))
+        try:
+            self.accelerator_config = AcceleratorConfig.from_value(self.accelerator_config)
+        except ValueError as exc:
+            raise ArgumentError("accelerator_config", str(exc).removeprefix("accelerator_config: ")) from None
+        unserved = self.accelerator_config.unserved()
+        if unserved is not None:
+            raise ArgumentError("accelerator_config", f"{unserved[0]} is not supported: {unserved[1]}")
+        self.lr_scheduler_kwargs = json_or_dict("lr_scheduler_kwargs", self.lr_scheduler_kwargs)
+        self.fsdp_config = json_or_dict("fsdp_config", json_file("fsdp_config", self.fsdp_config))
+        self.deepspeed = json_or_dict("deepspeed", json_file("deepspeed", self.deepspeed))
+        self.fsdp = fsdp_options(self.fsdp)
         if self.deepspeed and importlib.util.find_spec("deepspeed") is None:
             raise ArgumentError("deepspeed", "DeepSpeed is not installed (pip install deepspeed), or unset deepspeed")
         if self.fsdp and self.deepspeed:
             raise ArgumentError(None, "fsdp and deepspeed are both set; choose one")
         if self.fsdp_config and not self.fsdp:
             raise ArgumentError("fsdp_config", 'applies only with fsdp set (e.g. fsdp = "full_shard auto_wrap")')
-        if self.ddp_backend not in (None, "gloo", "nccl", "mpi", "ccl", "hccl", "cncl", "mccl", "xccl"):
-            raise ArgumentError("ddp_backend", f"{self.ddp_backend!r} is not a torch.distributed backend "
-                                               "(gloo, nccl, mpi, ccl, hccl, cncl, mccl, xccl)")
         for name in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
-            setattr(self, name, _json_or_dict(name, getattr(self, name)))
-        # gradient_checkpointing is HF's older name for activation_checkpointing.
+            setattr(self, name, json_or_dict(name, getattr(self, name)))
+
+    def _normalize_flags(self) -> None:
+        """Values HF derives from others in __post_init__, derived the same way."""
+        # gradient_checkpointing* are HF's older names: used when the new one is unset, then
+        # mirroring it, so a dataclasses.replace of either name takes effect.
+        for old, new in (("gradient_checkpointing", "activation_checkpointing"),
+                         ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
+            if getattr(self, new) is None and getattr(self, old) is not None:
+                setattr(self, new, getattr(self, old))
+            setattr(self, old, getattr(self, new))
         if self.activation_checkpointing is None:
-            self.activation_checkpointing = bool(self.gradient_checkpointing)
-        if self.activation_checkpointing_kwargs is None:
-            self.activation_checkpointing_kwargs = self.gradient_checkpointing_kwargs
+            self.activation_checkpointing = self.gradient_checkpointing = False
         if self.disable_tqdm is None:
             self.disable_tqdm = False
+        if self.eval_strategy != "no":
+            self.do_eval = True
+        if self.torch_compile_mode is not None or self.torch_compile_backend is not None:
+            self.torch_compile = True
+        if self.torch_compile and self.torch_compile_backend is None:
+            self.torch_compile_backend = "inductor"
+        if self.use_cpu:
+            self.dataloader_pin_memory = False
 
     def _validate_control(self) -> None:
         if self.control is not None and not isinstance(self.control, bool):
@@ -397,7 +369,7 @@ class TrainingArguments:
         if self.warmup_steps >= 1:
             self.warmup_steps = int(self.warmup_steps)
         for name in _STEP_FIELDS:
-            _check_steps(name, getattr(self, name))
+            check_steps(name, getattr(self, name))
             value = getattr(self, name)
             if value is not None and value > 1:
                 setattr(self, name, int(value))
@@ -436,11 +408,14 @@ class TrainingArguments:
                         f"requires save_strategy to match eval_strategy (save_strategy={self.save_strategy!r}, "
                         f'eval_strategy={self.eval_strategy!r}), or save_strategy="best"',
                     )
-                if self.eval_strategy == "steps" and not _is_multiple(self.save_steps, self.eval_steps):
+                if self.eval_strategy == "steps" and not is_multiple(self.save_steps, self.eval_steps):
                     raise ArgumentError(
                         "load_best_model_at_end",
                         f"requires save_steps ({self.save_steps}) to be a multiple of eval_steps ({self.eval_steps})",
                     )
+        if self.lr_scheduler_type == "reduce_lr_on_plateau" and self.eval_strategy == "no":
+            raise ArgumentError("lr_scheduler_type", 'reduce_lr_on_plateau steps after each evaluation: set eval_strategy '
+                                                     'to "steps" or "epoch"')
         if self.eval_on_start and self.eval_strategy == "no":
             raise ArgumentError("eval_on_start", 'evaluates before training, so eval_strategy must not be "no"')
 
@@ -451,11 +426,9 @@ class TrainingArguments:
             raise ArgumentError(None, "fp16_full_eval and bf16_full_eval are both set: choose one")
         import torch
 
+        # fp16 on a CPU is accepted, as HF accepts it: Accelerate then trains in float32 (the
+        # Trainer says so), and fp16_full_eval evaluates under float16 autocast.
         on_gpu = not self.use_cpu and torch.cuda.is_available()
-        on_mps = not self.use_cpu and torch.backends.mps.is_available()
-        if (self.fp16 or self.fp16_full_eval) and not (on_gpu or on_mps):
-            name = "fp16" if self.fp16 else "fp16_full_eval"
-            raise ArgumentError(name, "fp16 needs a CUDA or MPS device and none is available; use bf16 on the CPU")
         if self.tf32 and not (on_gpu and torch.cuda.get_device_capability()[0] >= 8):
             raise ArgumentError("tf32", "TF32 needs an NVIDIA Ampere (or newer) GPU and this machine has none; unset tf32")
 
@@ -524,14 +497,6 @@ class TrainingArguments:
         """Batch size per process for evaluation."""
         return self.per_device_eval_batch_size * max(1, self.n_gpu)
 
-    @property
-    def should_log(self) -> bool:
-        """Whether this process logs (the main process, or every node's with log_on_each_node)."""
-        import os
-
-        rank = int(os.environ.get("LOCAL_RANK" if self.log_on_each_node else "RANK", "0"))
-        return rank == 0
-
     def get_warmup_steps(self, num_training_steps: int) -> int:
         """Warmup steps for a run of ``num_training_steps`` (ratio or absolute)."""
         if self.warmup_steps < 1:
@@ -545,6 +510,10 @@ class TrainingArguments:
             value = getattr(self, f.name)
             if isinstance(value, enum.Enum):
                 value = value.value
+            elif isinstance(value, list) and value and isinstance(value[0], enum.Enum):
+                value = [v.value for v in value]
+            elif isinstance(value, AcceleratorConfig):
+                value = value.to_dict()
             out[f.name] = value
         return out
 
@@ -555,12 +524,3 @@ class TrainingArguments:
     def to_sanitized_dict(self) -> dict[str, Any]:
         """Like to_dict, with values a tracker accepts (scalars and strings only)."""
         return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in self.to_dict().items()}
-
-
-def _is_multiple(save_steps: float, eval_steps: float | None) -> bool:
-    if eval_steps is None:
-        return True
-    if save_steps < 1 or eval_steps < 1:
-        ratio = save_steps / eval_steps
-        return abs(ratio - round(ratio)) < 1e-9 and round(ratio) >= 1
-    return int(save_steps) % int(eval_steps) == 0

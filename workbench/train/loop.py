@@ -19,6 +19,7 @@ import workbench.train.losses as losses
 from workbench.checkpoint.lock import check_writable
 from workbench.data.samplers import start_loader_epoch
 from workbench.train.trainer_utils import TrainOutput, has_length, speed_metrics, unwrap_model
+from workbench.train.schedules import steps_per_update
 
 
 __all__ = ["TrainingLoop"]
@@ -357,8 +358,8 @@ class TrainingLoop:
         if guard is not None:
             guard.after_step()
         trainer.control = handler.on_optimizer_step(args, state, trainer.control)
-        if self._clip_plain or not acc.optimizer_step_was_skipped:  # only a loss scaler skips steps
-            trainer.lr_scheduler.step()
+        if (self._clip_plain or not acc.optimizer_step_was_skipped) and steps_per_update(trainer.lr_scheduler):
+            trainer.lr_scheduler.step()  # only a loss scaler skips steps; a plateau schedule steps on evaluations
         trainer.optimizer.zero_grad(set_to_none=True)
         if args.torch_empty_cache_steps and (state.global_step + 1) % args.torch_empty_cache_steps == 0:
             _empty_cache(acc.device)

@@ -1,21 +1,22 @@
-"""Optimizers and learning-rate schedules named as in transformers, built from torch.
+"""Optimizers named as in transformers (``optim``), built from torch; the learning-rate
+schedules are in schedules.py (``get_scheduler`` and ``SCHEDULES`` are re-exported here).
 
-Schedules are ``LambdaLR`` multipliers of the base learning rate (what HF does), so a live
-edit of the base rate (``param_group["initial_lr"]``) rescales the rest of the schedule.
+torch builds adamw_torch, adamw_torch_fused, sgd, adagrad, rmsprop and adafactor; the
+other names transformers lists need packages, and TrainingArguments refuses them with the
+package to install (workbench/train/arg_enums.py).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
-from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
 
-from workbench.train.args import OptimizerNames, TrainingArguments
+from workbench.train.arg_enums import SERVED_OPTIMIZERS, OptimizerNames, unserved_optimizer
+from workbench.train.args import TrainingArguments
+from workbench.train.schedules import SCHEDULES, get_scheduler  # noqa: F401 - part of this module's API
 
 __all__ = [
     "decay_parameter_names",
@@ -96,7 +97,11 @@ def _parse_optim_args(text: str | None) -> dict[str, Any]:
 
 
 def get_optimizer_cls_and_kwargs(args: TrainingArguments) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
-    """The optimizer class and keyword arguments for ``args.optim`` (HF's static method)."""
+    """The optimizer class and keyword arguments for ``args.optim`` (HF's static method).
+
+    ``optim_args`` ("key=value,...") are passed to the class as keyword arguments, numbers
+    and booleans converted; the Adam betas and epsilon apply to adamw_torch(_fused).
+    """
     extra = _parse_optim_args(args.optim_args)
     kwargs: dict[str, Any] = {"lr": args.learning_rate}
     name = OptimizerNames(args.optim)
@@ -105,97 +110,11 @@ def get_optimizer_cls_and_kwargs(args: TrainingArguments) -> tuple[type[torch.op
         if name is OptimizerNames.ADAMW_TORCH_FUSED:
             kwargs["fused"] = True
         return torch.optim.AdamW, {**kwargs, **extra}
-    if name is OptimizerNames.SGD:
-        return torch.optim.SGD, {**kwargs, **extra}
-    if name is OptimizerNames.ADAFACTOR:
-        return torch.optim.Adafactor, {**kwargs, **extra}
-    raise ValueError(f"optim: {args.optim!r} is not one of: {', '.join(o.value for o in OptimizerNames)}")
-
-
-# -- schedules: multipliers of the base learning rate, as functions of the step ---------
-
-
-def _constant(step: int) -> float:
-    return 1.0
-
-
-def _constant_with_warmup(step: int, *, warmup: int) -> float:
-    return step / max(1, warmup) if step < warmup else 1.0
-
-
-def _linear(step: int, *, warmup: int, total: int) -> float:
-    if step < warmup:
-        return step / max(1, warmup)
-    return max(0.0, (total - step) / max(1, total - warmup))
-
-
-def _cosine(step: int, *, warmup: int, total: int, num_cycles: float = 0.5) -> float:
-    if step < warmup:
-        return step / max(1, warmup)
-    progress = (step - warmup) / max(1, total - warmup)
-    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * num_cycles * 2.0 * progress)))
-
-
-def _cosine_with_restarts(step: int, *, warmup: int, total: int, num_cycles: int = 1) -> float:
-    if step < warmup:
-        return step / max(1, warmup)
-    progress = (step - warmup) / max(1, total - warmup)
-    if progress >= 1.0:
-        return 0.0
-    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * ((num_cycles * progress) % 1.0))))
-
-
-def _polynomial(step: int, *, warmup: int, total: int, lr_init: float, lr_end: float = 1e-7,
-                power: float = 1.0) -> float:
-    if step < warmup:
-        return step / max(1, warmup)
-    if step > total:
-        return lr_end / lr_init
-    decay_steps = total - warmup
-    remaining = 1 - (step - warmup) / max(1, decay_steps)
-    return ((lr_init - lr_end) * remaining**power + lr_end) / lr_init
-
-
-SCHEDULES = {
-    "constant": _constant,
-    "constant_with_warmup": _constant_with_warmup,
-    "linear": _linear,
-    "cosine": _cosine,
-    "cosine_with_restarts": _cosine_with_restarts,
-    "polynomial": _polynomial,
-}
-
-
-def get_scheduler(
-    name: str,
-    optimizer: torch.optim.Optimizer,
-    num_warmup_steps: int = 0,
-    num_training_steps: int = 0,
-    scheduler_specific_kwargs: dict[str, Any] | None = None,
-) -> LambdaLR:
-    """A LambdaLR for the named schedule (HF's ``get_scheduler``), stepped once per update."""
-    if name not in SCHEDULES:
-        raise ValueError(f"lr_scheduler_type: {name!r} is not one of: {', '.join(SCHEDULES)}")
-    kwargs = dict(scheduler_specific_kwargs or {})
-    fn = SCHEDULES[name]
-    if name == "constant":
-        bound = fn
-    elif name == "constant_with_warmup":
-        bound = partial(fn, warmup=num_warmup_steps)
-    else:
-        if name == "polynomial":
-            kwargs.setdefault("lr_init", optimizer.defaults["lr"])
-            if kwargs["lr_init"] <= kwargs.get("lr_end", 1e-7):
-                raise ValueError(
-                    f"lr_scheduler_kwargs: lr_end ({kwargs.get('lr_end', 1e-7)}) must be smaller than "
-                    f"the learning rate ({kwargs['lr_init']})"
-                )
-        try:
-            bound = partial(fn, warmup=num_warmup_steps, total=num_training_steps, **kwargs)
-            bound(0)
-        except TypeError as exc:
-            raise ValueError(f"lr_scheduler_kwargs: {exc}") from None
-    return LambdaLR(optimizer, bound)
+    classes = {OptimizerNames.SGD: torch.optim.SGD, OptimizerNames.ADAGRAD: torch.optim.Adagrad,
+               OptimizerNames.RMSPROP: torch.optim.RMSprop, OptimizerNames.ADAFACTOR: torch.optim.Adafactor}
+    if name in classes:
+        return classes[name], {**kwargs, **extra}
+    raise ValueError(f"optim: {unserved_optimizer(name) or ', '.join(SERVED_OPTIMIZERS)}")
 
 
 def trainable_parameters(params: Iterable[torch.nn.Parameter]) -> int:

@@ -90,7 +90,7 @@ class EventLogCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         out = self._out(args, state)
         if out:
-            out.write("start", state.global_step, max_steps=state.max_steps, run_name=args.run_name,
+            out.write("start", state.global_step, max_steps=state.max_steps, run_name=args.run_name or args.output_dir,
                       num_train_epochs=state.num_train_epochs, train_batch_size=state.train_batch_size,
                       pid=os.getpid())
 

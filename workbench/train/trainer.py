@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import workbench.train.losses as losses
 from workbench.train.args import TrainingArguments
+from workbench.train.hf_args import as_workbench_arguments
 from workbench.train.guard import Guard
 from workbench.train.callbacks import (
     CallbackHandler,
@@ -39,6 +40,7 @@ from workbench.train.callbacks import (
 )
 from workbench.data.collators import RemoveColumnsCollator, default_collator_for, signature_columns
 from workbench.train.optim import decay_parameter_names, get_optimizer_cls_and_kwargs, get_scheduler, parameter_groups
+from workbench.train.schedules import step_on_metric
 from workbench.data.samplers import (
     BatchRebalanceSampler,
     EpochRandomSampler,
@@ -92,7 +94,8 @@ class Trainer:
         preprocess_logits_for_metrics: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
         guard: Guard | None = None,
     ) -> None:
-        self.args = args if args is not None else TrainingArguments("tmp_trainer")
+        # transformers' TrainingArguments are read into workbench's (the user's object untouched).
+        self.args = as_workbench_arguments(args) if args is not None else TrainingArguments("tmp_trainer")
         # workbench: what to do about non-finite or spiking losses (train/guard.py); None is
         # off, as in HF. ``guard_pause`` is set by an interactive front-end (the Session):
         # without it, a guard that asks to pause stops the run with a checkpoint instead.
@@ -734,8 +737,12 @@ class Trainer:
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
 
     def _evaluate(self, trial: Any, ignore_keys_for_eval: list[str] | None, skip_scheduler: bool = False) -> dict[str, float]:
-        """An evaluation during training (HF's step: ``evaluate`` with the training's ignore keys)."""
-        return self.evaluate(ignore_keys=ignore_keys_for_eval)
+        """An evaluation during training (HF's step: ``evaluate`` with the training's ignore keys),
+        then a plateau schedule's step on its metric."""
+        metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
+        if not skip_scheduler:
+            step_on_metric(self.lr_scheduler, self.args.metric_for_best_model, metrics)
+        return metrics
 
     def _determine_best_metric(self, metrics: dict[str, float], trial: Any) -> bool:
         """Track ``metric_for_best_model``; True when this evaluation is the new best. An
