@@ -7,6 +7,9 @@ add contention).
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,7 @@ import torch
 
 from workbench import TrainerCallback, TrainingArguments
 
-__all__ = ["make_args", "StopAt"]
+__all__ = ["make_args", "StopAt", "hf_logs"]
 
 
 def make_args(out: str | Path, **overrides: Any) -> TrainingArguments:
@@ -25,6 +28,22 @@ def make_args(out: str | Path, **overrides: Any) -> TrainingArguments:
                                "save_strategy": "no", "logging_steps": 1}
     options.update(overrides)
     return TrainingArguments(**options)
+
+
+@contextlib.contextmanager
+def hf_logs(caplog: pytest.LogCaptureFixture, name: str = "transformers",
+            level: int = logging.WARNING) -> Iterator[pytest.LogCaptureFixture]:
+    """Capture the ``name`` logger (a ``transformers.*`` one, where workbench gives the warnings
+    HF's Trainer gives) in ``caplog``. Once transformers is imported its library logger stops
+    propagating to the root, where caplog listens, so propagation is turned on meanwhile."""
+    library = logging.getLogger("transformers")
+    before = library.propagate
+    library.propagate = True
+    try:
+        with caplog.at_level(level, logger=name):
+            yield caplog
+    finally:
+        library.propagate = before
 
 
 class StopAt(TrainerCallback):

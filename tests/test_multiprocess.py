@@ -274,7 +274,7 @@ else:
     except RuntimeError as exc:
         report["refused"] = str(exc)
 report["status"] = session.wait()
-report["live_edits"] = trainer.state.live_edits
+report["live_edits"] = trainer.workbench_state.live_edits
 report.update(seen)
 (out / f"rank{rank}.json").write_text(json.dumps(report))
 trainer.accelerator.wait_for_everyone()

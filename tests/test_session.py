@@ -264,7 +264,7 @@ def test_evaluate_save_set_while_running_and_while_paused(tmp_path, sessions):
     f_set = session.set(learning_rate=1e-3)
     assert isinstance(f_set, Future)
     assert f_set.result(timeout=TIMEOUT) == {"learning_rate": 1e-3}
-    edit_step = trainer.state.live_edits[-1]["step"]
+    edit_step = trainer.workbench_state.live_edits[-1]["step"]
     wait_until(lambda: trainer.state.global_step >= edit_step + 4, "steps after the edit")
     assert trainer.get_learning_rates() == [1e-3] * len(trainer.optimizer.param_groups)
     assert all(g["lr"] == 1e-3 for g in trainer.optimizer.param_groups)
