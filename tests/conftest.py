@@ -18,7 +18,7 @@ import torch
 
 from workbench import TrainerCallback, TrainingArguments
 
-__all__ = ["make_args", "StopAt", "hf_logs"]
+__all__ = ["make_args", "StopAt", "hf_logs", "tiny_bert", "token_rows"]
 
 
 def make_args(out: str | Path, **overrides: Any) -> TrainingArguments:
@@ -28,6 +28,24 @@ def make_args(out: str | Path, **overrides: Any) -> TrainingArguments:
                                "save_strategy": "no", "logging_steps": 1}
     options.update(overrides)
     return TrainingArguments(**options)
+
+
+def tiny_bert() -> torch.nn.Module:
+    """A small transformers BERT classifier (3 labels) built from a config, without dropout, so
+    transformers' Trainer and workbench's take bitwise the same steps on it (needs transformers)."""
+    import transformers
+
+    config = transformers.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, num_labels=3, hidden_dropout_prob=0.0,
+                                     attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    return transformers.BertForSequenceClassification(config)
+
+
+def token_rows(n: int = 40, seed: int = 1) -> list[dict[str, torch.Tensor]]:
+    """``n`` rows of 8 random token ids (vocabulary 64) with labels 0, 1, 2 in turn."""
+    g = torch.Generator().manual_seed(seed)
+    return [{"input_ids": torch.randint(0, 64, (8,), generator=g), "labels": torch.tensor(i % 3)} for i in range(n)]
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the test extra installs transformers")
 
+from conftest import tiny_bert, token_rows  # noqa: E402
 from workbench import Trainer, TrainingArguments  # noqa: E402
 from workbench.checkpoint.store import CheckpointStore  # noqa: E402
 from workbench.checkpoint.trainer_state import save_model_files  # noqa: E402
@@ -30,17 +31,7 @@ OPTIONS = dict(max_steps=6, per_device_train_batch_size=4, learning_rate=1e-2, r
                train_sampling_strategy="sequential", disable_tqdm=True)
 
 
-def model() -> torch.nn.Module:
-    config = transformers.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=32, num_labels=3, hidden_dropout_prob=0.0,
-                                     attention_probs_dropout_prob=0.0)
-    torch.manual_seed(0)
-    return transformers.BertForSequenceClassification(config)
-
-
-def rows() -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(1)
-    return [{"input_ids": torch.randint(0, 64, (8,), generator=g), "labels": torch.tensor(i % 3)} for i in range(40)]
+model, rows = tiny_bert, token_rows
 
 
 def hf_trainer(out: Path) -> transformers.Trainer:

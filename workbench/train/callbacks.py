@@ -438,9 +438,13 @@ class PrinterCallback(TrainerCallback):
     the local main process. The Trainer uses it instead of ProgressCallback with ``disable_tqdm``."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs:
+            # As HF's, on every process: total_flos leaves the logs dict itself, so with
+            # disable_tqdm the metrics train() returns have none either (log_history keeps it).
+            logs.pop("total_flos", None)
         if not state.is_local_process_zero or not logs:
             return
-        shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in logs.items() if k != "total_flos"}
+        shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in logs.items()}
         print(shown, flush=True)
 
 

@@ -659,7 +659,10 @@ class Trainer(TrainerReports):
                 return  # the loop raises HF's "No valid checkpoint found"
             folder = Path(complete[-1].path)
         else:
-            folder = Path(resume_from_checkpoint)
+            try:
+                folder = CheckpointStore(self.args.output_dir).named(resume_from_checkpoint)
+            except LookupError:
+                return  # the loop reports the unknown name
         try:
             saved = TrainerState.load_from_json(str(folder / "trainer_state.json")).train_batch_size
         except (OSError, ValueError):
