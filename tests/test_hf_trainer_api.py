@@ -359,7 +359,12 @@ def test_resume_argument_and_dropped_column_warnings_use_hf_s_loggers(tmp_path, 
 def test_trainer_state_has_exactly_transformers_fields():
     ours = [f.name for f in dataclasses.fields(TrainerState)]
     assert ours == [f.name for f in dataclasses.fields(transformers.TrainerState)]
-    assert set(dataclasses.asdict(TrainerState())) == set(dataclasses.asdict(transformers.TrainerState()))
+    assert dataclasses.asdict(TrainerState()) == dataclasses.asdict(transformers.TrainerState())  # defaults too
+    # Given callbacks, both store their states by class name (a list for several of one class).
+    ours = TrainerState(stateful_callbacks=[EarlyStoppingCallback(2), EarlyStoppingCallback(3)])
+    theirs = transformers.TrainerState(stateful_callbacks=[transformers.EarlyStoppingCallback(2),
+                                                           transformers.EarlyStoppingCallback(3)])
+    assert ours.stateful_callbacks == theirs.stateful_callbacks
 
 
 def mlp_trainer(out: Path, callbacks=(), **overrides: Any) -> Trainer:

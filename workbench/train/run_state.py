@@ -101,6 +101,27 @@ class TrainerState:
     trial_params: dict[str, Any] | None = None
     stateful_callbacks: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # As HF's: None means empty, and a list of stateful callbacks is stored as their states
+        # by class name (a list of states when several share a class).
+        if self.log_history is None:
+            self.log_history = []
+        if self.stateful_callbacks is None:
+            self.stateful_callbacks = {}
+        elif not isinstance(self.stateful_callbacks, dict):
+            states: dict[str, Any] = {}
+            for callback in self.stateful_callbacks:
+                if not isinstance(callback, ExportableState):
+                    raise TypeError(f"stateful_callbacks: {type(callback).__name__} is not an ExportableState")
+                name, state = type(callback).__name__, callback.state()
+                if name not in states:
+                    states[name] = state
+                elif isinstance(states[name], list):
+                    states[name].append(state)
+                else:
+                    states[name] = [states[name], state]
+            self.stateful_callbacks = states
+
     def to_json_string(self) -> str:
         """The state as indented JSON: trainer_state.json, as transformers writes and reads it."""
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
