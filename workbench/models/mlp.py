@@ -22,6 +22,7 @@ class MLPClassifier(nn.Module):
 
     loss_type = "ForSequenceClassification"
     main_input_name = "x"
+    _count: int | None = None  # parameters, for floating_point_ops
 
     def __init__(
         self,
@@ -62,7 +63,11 @@ class MLPClassifier(nn.Module):
         """Operations of a forward and backward pass (the Trainer's total_flos): about 6 per
         parameter and sample (2 forward, 4 backward), each sample being one row of ``x``."""
         x = inputs.get(self.main_input_name) if hasattr(inputs, "get") else None
-        return 0 if x is None else 6 * x.shape[0] * self.num_parameters()
+        if x is None:
+            return 0
+        if self._count is None:  # counted once: called for every micro-batch
+            self._count = self.num_parameters()
+        return 6 * x.shape[0] * self._count
 
     def forward(
         self,

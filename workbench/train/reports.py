@@ -44,12 +44,24 @@ def metrics_format(metrics: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _flos_rule(model: Any) -> tuple[Any, str, int | None]:
+    """How ``floating_point_ops`` counts for ``model``: its own method (or None), the name of
+    its main input, and its non-embedding parameter count (None: it does not count them)."""
+    own = getattr(model, "floating_point_ops", None)
+    name = getattr(model, "main_input_name", "input_ids")
+    count = None
+    if not callable(own) and hasattr(model, "num_parameters"):
+        takes = "exclude_embeddings" in inspect.signature(model.num_parameters).parameters
+        count = int(model.num_parameters(exclude_embeddings=True) if takes else model.num_parameters())
+    return (own if callable(own) else None), name, count
+
+
 class TrainerReports:
     """Reporting methods of the HF Trainer (mixed into ``Trainer``)."""
 
     # Floating-point operations of this process since the last ``store_flos`` (HF's name).
     current_flos: float = 0
-    _flos_params: tuple[Any, int] | None = None
+    _flos_plan: tuple[Any, Any, str, int | None] | None = None  # (model, own method, input name, count)
 
     # HF's is a function placed in the class; here it works on the class and on an instance.
     metrics_format = staticmethod(metrics_format)
@@ -93,21 +105,18 @@ class TrainerReports:
         The model's own ``floating_point_ops(inputs)`` when it has one (transformers 4.x
         models did); else HF 5.x's estimate, 6 x input tokens x non-embedding parameters, for
         a model that counts its parameters (``num_parameters``, as transformers models do);
-        else 0. Override it to count another way."""
+        else 0. Override it to count another way. Called once per micro-batch, so what it
+        looks up on the model is looked up once per model."""
         model = self.model
-        own = getattr(model, "floating_point_ops", None)
-        if callable(own):
+        plan = self._flos_plan
+        if plan is None or plan[0] is not model:
+            plan = self._flos_plan = (model, *_flos_rule(model))
+        _, own, name, count = plan
+        if own is not None:
             return own(inputs)
-        name = getattr(model, "main_input_name", "input_ids")
-        if not hasattr(model, "num_parameters") or name not in inputs:
+        if count is None or name not in inputs:
             return 0
-        cached = self._flos_params
-        if cached is None or cached[0] is not model:
-            # The count walks every module: once per model, not once per micro-batch.
-            takes = "exclude_embeddings" in inspect.signature(model.num_parameters).parameters
-            count = model.num_parameters(exclude_embeddings=True) if takes else model.num_parameters()
-            cached = self._flos_params = (model, int(count))
-        return 6 * inputs[name].numel() * cached[1]
+        return 6 * inputs[name].numel() * count
 
     def store_flos(self) -> None:
         """Add this process's operations since the last call to ``state.total_flos``, summed
