@@ -431,7 +431,7 @@ def check_guard(limit: float) -> Outcome:
             used = ChecksUsed()
             device = guard_run(f"{tmp}/{optim}-device", data, "device", guard, optim, (used,))
             host = guard_run(f"{tmp}/{optim}-host", data, "host", guard, optim)
-            got, ref = device.state.guard["interventions"], host.state.guard["interventions"]
+            got, ref = device.workbench_state.guard["interventions"], host.workbench_state.guard["interventions"]
             found = [(r["step"], r["kind"]) for r in got]
             wd, wh = host_weights(device.model), host_weights(host.model)
             diff = max_diff(wd, wh)
@@ -861,7 +861,8 @@ def rank_worker(out: str) -> None:
                       guard=Guard(nonfinite="skip"))
     trainer.train()
     rank = torch.distributed.get_rank()
-    result = {"interventions": trainer.state.guard["interventions"], "backend": torch.distributed.get_backend(),
+    result = {"interventions": trainer.workbench_state.guard["interventions"],
+              "backend": torch.distributed.get_backend(),
               "weights": [p.detach().cpu().flatten().tolist() for p in model.parameters()]}
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     trainer.accelerator.wait_for_everyone()  # leave together (tests/test_guard.py says why)

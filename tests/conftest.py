@@ -7,6 +7,9 @@ add contention).
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,7 @@ import torch
 
 from workbench import TrainerCallback, TrainingArguments
 
-__all__ = ["make_args", "StopAt", "tiny_bert_classifier", "token_rows"]
+__all__ = ["make_args", "StopAt", "hf_logs", "tiny_bert", "token_rows"]
 
 
 def make_args(out: str | Path, **overrides: Any) -> TrainingArguments:
@@ -27,9 +30,9 @@ def make_args(out: str | Path, **overrides: Any) -> TrainingArguments:
     return TrainingArguments(**options)
 
 
-def tiny_bert_classifier() -> torch.nn.Module:
-    """A 3-label BERT classifier from a config (no download, no dropout), seeded: with
-    sequential data transformers' Trainer and workbench's take bitwise the same steps on it."""
+def tiny_bert() -> torch.nn.Module:
+    """A small transformers BERT classifier (3 labels) built from a config, without dropout, so
+    transformers' Trainer and workbench's take bitwise the same steps on it (needs transformers)."""
     import transformers
 
     config = transformers.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
@@ -39,10 +42,26 @@ def tiny_bert_classifier() -> torch.nn.Module:
     return transformers.BertForSequenceClassification(config)
 
 
-def token_rows(n: int = 40) -> list[dict[str, torch.Tensor]]:
-    """``n`` rows of 8 random token ids and a label for :func:`tiny_bert_classifier`."""
-    g = torch.Generator().manual_seed(1)
+def token_rows(n: int = 40, seed: int = 1) -> list[dict[str, torch.Tensor]]:
+    """``n`` rows of 8 random token ids (vocabulary 64) with labels 0, 1, 2 in turn."""
+    g = torch.Generator().manual_seed(seed)
     return [{"input_ids": torch.randint(0, 64, (8,), generator=g), "labels": torch.tensor(i % 3)} for i in range(n)]
+
+
+@contextlib.contextmanager
+def hf_logs(caplog: pytest.LogCaptureFixture, name: str = "transformers",
+            level: int = logging.WARNING) -> Iterator[pytest.LogCaptureFixture]:
+    """Capture the ``name`` logger (a ``transformers.*`` one, where workbench gives the warnings
+    HF's Trainer gives) in ``caplog``. Once transformers is imported its library logger stops
+    propagating to the root, where caplog listens, so propagation is turned on meanwhile."""
+    library = logging.getLogger("transformers")
+    before = library.propagate
+    library.propagate = True
+    try:
+        with caplog.at_level(level, logger=name):
+            yield caplog
+    finally:
+        library.propagate = before
 
 
 class StopAt(TrainerCallback):

@@ -448,7 +448,7 @@ def test_the_agent_example_halves_the_lr_on_a_plateau(tmp_path, sessions):
     assert [e["lr_scale"] for e in edits] == [0.5, 0.5]
     # Each decision is recorded with its reason, in the event and in the live-edit record.
     assert [e["reason"] for e in edits] == [d["reason"] for d in decisions]
-    assert [e.get("reason") for e in session.trainer.state.live_edits] == [d["reason"] for d in decisions]
+    assert [e.get("reason") for e in session.trainer.workbench_state.live_edits] == [d["reason"] for d in decisions]
 
 
 def test_an_edit_keeps_its_reason_locally_remotely_and_across_ranks_records(tmp_path, sessions):
@@ -462,11 +462,11 @@ def test_an_edit_keeps_its_reason_locally_remotely_and_across_ranks_records(tmp_
         session.set(learning_rate=1e-3, reason=["x"])
     with pytest.raises(ValueError, match="character limit"):
         remote.set(learning_rate=1e-3, reason="x" * 2000)
-    assert not session.trainer.state.live_edits, "a refused reason changed the run"
+    assert not session.trainer.workbench_state.live_edits, "a refused reason changed the run"
     assert remote.set(learning_rate=1e-3, reason=" eval loss flat\n for 3 evals ").result(timeout=60) == {
         "learning_rate": 1e-3}
     session.set(max_steps=500)  # no reason: no reason key
-    first, second = session.trainer.state.live_edits
+    first, second = session.trainer.workbench_state.live_edits
     assert first["reason"] == "eval loss flat for 3 evals" and "reason" not in second
     edits = [e for e in read_events(out) if e["event"] == "edit"]
     assert edits[0]["reason"] == "eval loss flat for 3 evals" and "reason" not in edits[1]

@@ -295,7 +295,8 @@ output = trainer.train()
 rank = trainer.accelerator.process_index
 lr = trainer.optimizer.param_groups[0]["lr"]
 with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
-    json.dump({"global_step": output.global_step, "lr_edits": [e.get("learning_rate") for e in trainer.state.live_edits]}, f)
+    json.dump({"global_step": output.global_step,
+               "lr_edits": [e.get("learning_rate") for e in trainer.workbench_state.live_edits]}, f)
 # Leave together, as workbench run's ranks do (a rank tearing gloo down while the other still
 # talks to it can abort at interpreter exit).
 trainer.accelerator.wait_for_everyone()

@@ -44,7 +44,7 @@ from workbench.data.samplers import (
     dataset_lengths,
     padded_cost,
 )
-from conftest import StopAt
+from conftest import StopAt, hf_logs
 from conftest import make_args as _make_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -274,7 +274,7 @@ def test_config_data_pipeline_end_to_end(tmp_path, caplog):
     assert len(trainer.train_dataset) == 20 and len(trainer.eval_dataset) == 4
     assert "length" in trainer.train_dataset.column_names  # for group_by_length, no scan needed
     assert list((tmp_path / "out" / "data_cache").glob("tokenized-*.arrow"))
-    with caplog.at_level(logging.WARNING, logger="workbench"):
+    with hf_logs(caplog, "transformers.trainer"):
         batch = next(iter(trainer.get_train_dataloader()))
     assert set(batch) == {"input_ids", "attention_mask", "labels"}  # id and length dropped
     # ... but only "id" is worth a word: the length column is the sampler's, added by workbench
@@ -439,7 +439,7 @@ def test_unused_columns_dropped_by_signature_with_one_message(tmp_path, caplog):
     trainer = Trainer(model=model, args=make_args(tmp_path, max_steps=4, label_names=["target"],
                                                   eval_strategy="steps", eval_steps=2),
                       train_dataset=rows, eval_dataset=rows)
-    with caplog.at_level(logging.WARNING, logger="workbench"):
+    with hf_logs(caplog, "transformers.trainer"):
         trainer.train()
     assert model.seen and all(seen == {"x", "target"} for seen in model.seen)
     messages = [r.getMessage() for r in caplog.records if "dropping columns" in r.getMessage()]

@@ -587,11 +587,11 @@ def test_trainer_state_json_round_trip(tmp_path):
                          train_batch_size=4, num_train_epochs=2, num_input_tokens_seen=1000, total_flos=3.5,
                          log_history=[{"loss": 1.25, "step": 2}, {"eval_loss": 1.0, "step": 4}],
                          best_metric=1.0, best_global_step=4, best_model_checkpoint="out/checkpoint-4",
-                         trial_params={"lr": 0.1}, stateful_callbacks={"X": {"args": {}, "attributes": {"n": 1}}},
-                         live_edits=[{"step": 3, "learning_rate": 0.01}])
+                         trial_params={"lr": 0.1}, stateful_callbacks={"X": {"args": {}, "attributes": {"n": 1}}})
     path = tmp_path / "state.json"
     state.save_to_json(str(path))
     assert TrainerState.load_from_json(str(path)) == state
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # HF's file alone (save_state writes it)
     # Unknown keys (e.g. from a newer transformers) are ignored.
     raw = json.loads(path.read_text())
     raw["something_new"] = 1

@@ -255,7 +255,7 @@ def test_nonfinite_and_spike_are_skipped_and_recorded_as_events(tmp_path, checks
     assert "samples_by_rank" not in events[0]  # one process
     spike = events[1]
     assert spike["value"] > spike["threshold"] > 0
-    assert len(trainer.state.guard["interventions"]) == 2
+    assert len(trainer.workbench_state.guard["interventions"]) == 2
 
 
 def test_without_the_guard_the_spike_is_trained_on(tmp_path):
@@ -281,8 +281,8 @@ def test_resume_across_interventions_is_bitwise_equal(tmp_path, checks):
     assert resumed.state.global_step == whole.state.global_step
     for a, b in zip(weights(whole), weights(resumed)):
         assert torch.equal(a, b)
-    assert resumed.state.guard["interventions"] == whole.state.guard["interventions"]
-    assert [i["step"] for i in whole.state.guard["interventions"]] == [3, 10]
+    assert resumed.workbench_state.guard["interventions"] == whole.workbench_state.guard["interventions"]
+    assert [i["step"] for i in whole.workbench_state.guard["interventions"]] == [3, 10]
     # the spike after the resume was found with the restored running median
     kinds = [(e["step"], e["kind"]) for e in read_events(out) if e["event"] == "guard"]
     assert kinds == [(3, "nonfinite"), (10, "spike")]
@@ -315,8 +315,8 @@ def test_host_and_device_checks_decide_alike_bit_for_bit(tmp_path, monkeypatch, 
     runs = [_guarded_run(tmp_path / where, monkeypatch, where == "host", data, guard, optim=optim, logging_steps=5)
             for where in ("host", "device")]
     host, device = runs
-    assert [i["step"] for i in host.state.guard["interventions"]] == [3, 10, 14]
-    assert host.state.guard == device.state.guard  # interventions, ring, position: one format
+    assert [i["step"] for i in host.workbench_state.guard["interventions"]] == [3, 10, 14]
+    assert host.workbench_state.guard == device.workbench_state.guard  # interventions, ring, position: one format
     for a, b in zip(weights(host), weights(device)):
         assert torch.equal(a, b)
 
@@ -330,7 +330,7 @@ def test_a_checkpoint_saved_on_one_path_resumes_on_the_other(tmp_path, monkeypat
     out = tmp_path / "parts"
     _guarded_run(out, monkeypatch, False, data, guard, callbacks=[StopAt(7)], logging_steps=4)
     resumed = _guarded_run(out, monkeypatch, True, data, guard, resume=True, logging_steps=4)
-    assert resumed.state.guard == whole.state.guard
+    assert resumed.workbench_state.guard == whole.workbench_state.guard
     for a, b in zip(weights(whole), weights(resumed)):
         assert torch.equal(a, b)
 
@@ -473,7 +473,7 @@ def test_no_host_syncs_on_non_logging_steps_with_the_guard_on(tmp_path, monkeypa
     trainer.guard = Guard(nonfinite="skip", spike="skip", window=4)
     trainer.add_callback(end)
     trainer.train()
-    assert trainer._training_loop is None and trainer.state.guard is not None  # the guard ran
+    assert trainer._training_loop is None and trainer.workbench_state.guard is not None  # the guard ran
     assert counter.windows == 18 and counter.total > 0
     assert counter.in_window == 0, counter.where
 
@@ -520,7 +520,7 @@ def test_rollback_restores_a_snapshot_and_moves_past_the_bad_data(tmp_path, chec
     assert seen.count(nan_sample) == 1  # the bad sample is never replayed
     for ids in steps[4:7]:  # trained once before the rollback, never after it
         assert all(seen.count(i) == 1 for i in ids)
-    saved = trainer.state.guard
+    saved = trainer.workbench_state.guard
     assert saved["data"] == {"skipped": 3, "position": [0, 15]}
 
 
@@ -542,7 +542,7 @@ def test_rollback_lr_backoff_is_a_recorded_live_edit(tmp_path):
     trainer, _ = run(tmp_path / "run", Poisoned(nan_ids=[steps[5][0]]), guard, max_steps=12, logging_steps=4,
                      lr_scheduler_type="constant")
     assert trainer.lr_scheduler.base_lrs == [0.025] and trainer.get_learning_rates()[0] == 0.025
-    assert [(e["step"], e["lr_scale"]) for e in trainer.state.live_edits] == [(4, 0.5)]
+    assert [(e["step"], e["lr_scale"]) for e in trainer.workbench_state.live_edits] == [(4, 0.5)]
     assert guard_events(tmp_path / "run")[0]["lr_scale"] == 0.5
 
 
@@ -559,8 +559,8 @@ def test_resume_after_a_rollback_is_bitwise_equal(tmp_path):
     assert resumed.state.global_step == whole.state.global_step == 12
     for a, b in zip(weights(whole), weights(resumed)):
         assert torch.equal(a, b)
-    assert resumed.state.guard["interventions"] == whole.state.guard["interventions"]
-    assert resumed.state.guard["data"] == whole.state.guard["data"]
+    assert resumed.workbench_state.guard["interventions"] == whole.workbench_state.guard["interventions"]
+    assert resumed.workbench_state.guard["data"] == whole.workbench_state.guard["data"]
 
 
 def test_resume_from_a_save_between_a_snapshot_and_the_bad_step_is_bitwise_equal(tmp_path):
@@ -585,7 +585,7 @@ def test_resume_from_a_save_between_a_snapshot_and_the_bad_step_is_bitwise_equal
     assert resumed.state.global_step == whole.state.global_step == 12
     for a, b in zip(weights(whole), weights(resumed)):
         assert torch.equal(a, b)
-    assert resumed.state.guard["data"] == whole.state.guard["data"]
+    assert resumed.workbench_state.guard["data"] == whole.workbench_state.guard["data"]
 
 
 def test_an_epoch_end_save_reads_the_guard_first(tmp_path):
@@ -686,7 +686,7 @@ trainer = Trainer(model=model, args=args, train_dataset=Data(64), callbacks=[Poi
                   guard=Guard(nonfinite="skip"))
 trainer.train()
 rank = torch.distributed.get_rank()
-out = {"interventions": trainer.state.guard["interventions"],
+out = {"interventions": trainer.workbench_state.guard["interventions"],
        "weights": [p.detach().tolist() for p in model.parameters()]}
 with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
     json.dump(out, f)
@@ -761,7 +761,7 @@ trainer = Trainer(model=model, args=args, train_dataset=Data(128), callbacks=[po
 poison.trainer = trainer
 trainer.train()
 rank = torch.distributed.get_rank()
-out = {"interventions": trainer.state.guard["interventions"], "order": poison.order, "bad": poison.bad,
+out = {"interventions": trainer.workbench_state.guard["interventions"], "order": poison.order, "bad": poison.bad,
        "step": trainer.state.global_step, "weights": [p.detach().tolist() for p in model.parameters()]}
 with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
     json.dump(out, f)

@@ -28,7 +28,7 @@ from workbench.train.edits import apply_edit  # noqa: E402
 from workbench.train.optim import get_optimizer_cls_and_kwargs  # noqa: E402
 from workbench.train.schedules import get_scheduler  # noqa: E402
 
-from conftest import make_args, tiny_bert_classifier, token_rows  # noqa: E402
+from conftest import make_args, tiny_bert, token_rows  # noqa: E402
 
 HF = transformers.TrainingArguments
 Parser = transformers.HfArgumentParser
@@ -400,7 +400,7 @@ def test_set_helpers_refuse_the_hub_and_unserved_optimizers_in_one_line():
 # -- item 7: transformers' TrainingArguments given to workbench's Trainer --------------------
 
 
-bert, rows = tiny_bert_classifier, token_rows
+bert, rows = tiny_bert, token_rows
 
 
 BASE = dict(per_device_train_batch_size=4, learning_rate=1e-2, report_to="none", save_strategy="no",

@@ -20,11 +20,10 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the test extra installs transformers")
 
+from conftest import tiny_bert, token_rows  # noqa: E402
 from workbench import Trainer, TrainingArguments  # noqa: E402
 from workbench.checkpoint.store import CheckpointStore  # noqa: E402
 from workbench.checkpoint.trainer_state import save_model_files  # noqa: E402
-
-from conftest import tiny_bert_classifier, token_rows  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 OPTIONS = dict(max_steps=6, per_device_train_batch_size=4, learning_rate=1e-2, report_to="none",
@@ -32,7 +31,7 @@ OPTIONS = dict(max_steps=6, per_device_train_batch_size=4, learning_rate=1e-2, r
                train_sampling_strategy="sequential", disable_tqdm=True)
 
 
-model, rows = tiny_bert_classifier, token_rows
+model, rows = tiny_bert, token_rows
 
 
 def hf_trainer(out: Path) -> transformers.Trainer:

@@ -25,7 +25,7 @@ from workbench import (
 )
 from workbench.train.callbacks import CallbackHandler
 
-from conftest import StopAt, make_args
+from conftest import StopAt, hf_logs, make_args
 
 try:
     import transformers.trainer_callback as hf_callbacks
@@ -125,7 +125,7 @@ def test_default_callbacks_and_the_progress_printer_have_hf_meanings(tmp_path, c
 
 
 def test_a_duplicate_callback_is_added_with_hf_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="workbench"):
+    with hf_logs(caplog, "transformers.trainer_callback"):
         handler = CallbackHandler([DefaultFlowCallback, EarlyStoppingCallback(2), EarlyStoppingCallback(3)],
                                   None, None, None, None)
     assert len(handler.callbacks) == 3
@@ -181,7 +181,7 @@ def test_stateful_callbacks_are_rebuilt_from_args_each_instance_and_the_control(
     # Resumed with default-argument instances: the checkpoint's args and counters come back.
     resumed = trainer(out, [Peek(), Scripted(script), EarlyStoppingCallback(), EarlyStoppingCallback()],
                       restore_callback_states_from_checkpoint=True, **options)
-    with caplog.at_level(logging.WARNING, logger="workbench"):
+    with hf_logs(caplog, "transformers.trainer"):
         resumed.train(resume_from_checkpoint=str(out / "checkpoint-3"))
     assert seen == [(5, 0.0, 2), (7, 0.5, 2)]
     assert resumed.state.global_step == 6  # patience 5 with 2 already counted: steps 4, 5, 6 ...
@@ -190,7 +190,7 @@ def test_stateful_callbacks_are_rebuilt_from_args_each_instance_and_the_control(
     # A saved state whose callback is absent is ignored with HF's warning.
     caplog.clear()
     plain = trainer(out, [Scripted(script)], restore_callback_states_from_checkpoint=True, **options)
-    with caplog.at_level(logging.WARNING, logger="workbench"):
+    with hf_logs(caplog, "transformers.trainer"):
         plain.train(resume_from_checkpoint=str(out / "checkpoint-3"))
     assert "Checkpoint included callbacks not included in current configuration. Ignoring. (EarlyStoppingCallback)" \
         in caplog.text

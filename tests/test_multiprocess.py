@@ -135,6 +135,10 @@ def test_two_processes_match_one_process_and_checkpoints_resume(tmp_path):
     assert len(train2) == 12 and train2 == pytest.approx(train1, rel=1e-5, abs=1e-6)
     # Evaluation gathers both ranks without the repeats that top up the last batch (30 = 16 + 14).
     assert len(eval2) == 2 and eval2 == pytest.approx(eval1, rel=1e-5, abs=1e-6)
+    # total_flos is summed over the ranks (store_flos): 2 x B tokens count as 1 x 2B.
+    flos2, flos1 = (json.loads((tmp_path / run / "checkpoint-12" / "trainer_state.json").read_text())["total_flos"]
+                    for run in ("two", "one"))
+    assert flos2 == flos1 > 0
 
     checkpoint = tmp_path / "two" / "checkpoint-6"
     store = CheckpointStore(tmp_path / "two")
@@ -274,7 +278,7 @@ else:
     except RuntimeError as exc:
         report["refused"] = str(exc)
 report["status"] = session.wait()
-report["live_edits"] = trainer.state.live_edits
+report["live_edits"] = trainer.workbench_state.live_edits
 report.update(seen)
 (out / f"rank{rank}.json").write_text(json.dumps(report))
 trainer.accelerator.wait_for_everyone()

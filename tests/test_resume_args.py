@@ -21,6 +21,7 @@ import pytest
 import tomli_w
 import torch
 
+from conftest import hf_logs
 from workbench import Session, Trainer, TrainerCallback, TrainingArguments
 from workbench.data.builtin import load_builtin_data
 from workbench.models import MLPClassifier
@@ -89,14 +90,23 @@ def checkpoint_steps(out: Path) -> list[int]:
 
 def resume_warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if r.name == "workbench" and r.levelno == logging.WARNING and r.getMessage().startswith("resuming from")]
+            if r.name == "transformers.trainer_utils" and r.levelno == logging.WARNING
+            and r.getMessage().startswith("resuming from")]
+
+
+@pytest.fixture(autouse=True)
+def _resume_warnings_reach_caplog(caplog):
+    """The warnings are HF's kind, on its ``transformers.trainer_utils`` logger."""
+    with hf_logs(caplog, "transformers.trainer_utils"):
+        yield
 
 
 def saved_state(checkpoint: Path) -> dict[str, Any]:
-    from workbench.train.callbacks import TrainerState
+    from workbench.train.callbacks import TrainerState, WorkbenchState
 
     # trainer_state.json holds HF's fields; the live edits are in workbench_state.json beside it.
-    return dataclasses.asdict(TrainerState.load_from_json(str(checkpoint / "trainer_state.json")))
+    return {**dataclasses.asdict(TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))),
+            **dataclasses.asdict(WorkbenchState.load(checkpoint))}
 
 
 # ------------------------------------------------------------------------- a new Trainer
@@ -137,7 +147,6 @@ def test_the_new_rate_keeps_the_schedule_position(tmp_path):
 
 def test_one_warning_per_difference(tmp_path, caplog):
     ckpt = stopped_run(tmp_path)
-    caplog.set_level(logging.WARNING, logger="workbench")
     trainer = make_trainer(tmp_path, save_steps=3, learning_rate=0.5, per_device_train_batch_size=2)
     trainer.train(resume_from_checkpoint=str(ckpt))
     lines = resume_warnings(caplog)
@@ -155,11 +164,10 @@ def test_one_warning_per_difference(tmp_path, caplog):
 
 def test_unchanged_arguments_warn_nothing_and_record_nothing(tmp_path, caplog):
     ckpt = stopped_run(tmp_path)
-    caplog.set_level(logging.WARNING, logger="workbench")
     trainer = make_trainer(tmp_path)
     trainer.train(resume_from_checkpoint=str(ckpt))
     assert resume_warnings(caplog) == []
-    assert trainer.state.live_edits == []
+    assert trainer.workbench_state.live_edits == []
     assert checkpoint_steps(tmp_path) == [2, 4, 6, 8, 10, 12]
     assert not [e for e in read_events(tmp_path) if e["event"] == "edit"]
 
@@ -188,7 +196,7 @@ def test_the_change_is_a_recorded_edit_that_a_second_resume_keeps(tmp_path, capl
     assert second.state.global_step == 15
     assert checkpoint_steps(tmp_path) == [2, 4, 6, 9, 12, 15]
     assert all(lrs == [0.5] * len(lrs) for lrs in rates.rates.values())
-    assert [e["step"] for e in second.state.live_edits] == [STOP]  # the record travels on, once
+    assert [e["step"] for e in second.workbench_state.live_edits] == [STOP]  # the record travels on, once
     assert saved_state(tmp_path / "checkpoint-15")["live_edits"] == state["live_edits"]
 
 
@@ -203,7 +211,7 @@ def test_a_relaunch_with_the_original_arguments_changes_back_and_says_so(tmp_pat
     [line] = resume_warnings(caplog)
     assert line.startswith("resuming from checkpoint-6: save_steps is 2 in this launch but 3")
     assert checkpoint_steps(tmp_path) == [2, 4, 6, 8, 10, 12]
-    assert [(e["step"], e.get("save_steps")) for e in again.state.live_edits] == [(STOP, 3), (6, 2)]
+    assert [(e["step"], e.get("save_steps")) for e in again.workbench_state.live_edits] == [(STOP, 3), (6, 2)]
 
 
 class EditAt(TrainerCallback):
@@ -243,7 +251,6 @@ def test_session_resume_from_with_overrides(tmp_path, caplog):
     session.start()
     assert session.wait(timeout=300) == "stopped"
     trainer.pop_callback(StopAt)
-    caplog.set_level(logging.WARNING, logger="workbench")
     session.resume_from(tmp_path / f"checkpoint-{STOP}", save_steps=3, learning_rate=0.5)
     assert session.wait(timeout=300) == "finished"
     assert trainer.args.save_steps == 3 and trainer.args.learning_rate == 0.5

@@ -264,15 +264,15 @@ def test_evaluate_save_set_while_running_and_while_paused(tmp_path, sessions):
     f_set = session.set(learning_rate=1e-3)
     assert isinstance(f_set, Future)
     assert f_set.result(timeout=TIMEOUT) == {"learning_rate": 1e-3}
-    edit_step = trainer.state.live_edits[-1]["step"]
+    edit_step = trainer.workbench_state.live_edits[-1]["step"]
     wait_until(lambda: trainer.state.global_step >= edit_step + 4, "steps after the edit")
     assert trainer.get_learning_rates() == [1e-3] * len(trainer.optimizer.param_groups)
     assert all(g["lr"] == 1e-3 for g in trainer.optimizer.param_groups)
     logged = [(e["step"], e["learning_rate"]) for e in loss_logs(trainer)]
-    # As in HF, a log's learning_rate is the rate of the *next* step; the edit is applied at
-    # the end of edit_step, so a log at edit_step already shows it.
-    assert {lr for step, lr in logged if step < edit_step} == {3e-3}
-    assert {lr for step, lr in logged if step >= edit_step} == {1e-3}
+    # As in HF 5.x, a log's learning_rate is the rate its step used; the edit is applied at
+    # the end of edit_step, so the steps after it use (and log) the new rate.
+    assert {lr for step, lr in logged if step <= edit_step} == {3e-3}
+    assert {lr for step, lr in logged if step > edit_step} == {1e-3}
 
     # Bad edits fail at once, before anything is queued.
     for bad in ({"momentum": 0.9}, {"learning_rate": -1.0}, {"learning_rate": float("nan")},

@@ -616,6 +616,9 @@ def test_warnings_from_the_core_go_to_the_event_log(tmp_path):
         logging.getLogger("workbench").warning("disk almost full\nsecond line")
         await wait_for(pilot, lambda: "disk almost full" in log_text(app), "the warning in the log")
         assert "second line" not in log_text(app)
+        # The warnings HF's Trainer gives come out on transformers' loggers: shown here too.
+        logging.getLogger("transformers.trainer").warning("Checkpoint included callbacks not included")
+        await wait_for(pilot, lambda: "Checkpoint included callbacks" in log_text(app), "HF's warning in the log")
 
     drive(session, scenario)
     import logging

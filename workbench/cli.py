@@ -245,10 +245,14 @@ def _plan_output_dir(output_dir: Path, resume: object, overwrite: bool) -> tuple
     from workbench.checkpoint.store import CheckpointStore
     from workbench.distributed.world import is_main_process
 
-    if resume is not None and resume is not True:
-        _check_resume_path(Path(str(resume)))
-        return str(resume), False
     store = CheckpointStore(output_dir)
+    if resume is not None and resume is not True:
+        try:  # a bare name (checkpoint-88, as `workbench checkpoints` lists them) is one of output_dir's
+            path = store.named(str(resume))
+        except LookupError as exc:
+            raise UsageError(f"--resume: {exc}") from None
+        _check_resume_path(path)
+        return str(path), False
     if resume is True:
         if store.latest_verified() is None:
             if is_main_process():
@@ -453,7 +457,7 @@ def _train(ns: argparse.Namespace, run, resume: object) -> int:
     elif reason == "session":
         say(f"workbench: stopped at step {step} without saving", file=sys.stderr)
     elif step < trainer.state.max_steps and _stopped_by_guard(trainer):
-        count = len(trainer.state.guard["interventions"])
+        count = len(trainer.workbench_state.guard["interventions"])
         say(f"workbench: stopped by the guard at step {step} after {count} interventions (guard events in "
             f"{output_dir / 'events.jsonl'}); checkpoint saved in {output_dir}", file=sys.stderr)
     else:
@@ -476,7 +480,7 @@ class _CurrentStop:
 def _stopped_by_guard(trainer) -> bool:
     """Whether the guard ended this run early: its last intervention asked to stop or pause
     (headless, a pause stops), or reached ``max_interventions``."""
-    guard, records = trainer.guard, (trainer.state.guard or {}).get("interventions") or []
+    guard, records = trainer.guard, (trainer.workbench_state.guard or {}).get("interventions") or []
     if guard is None or not records:
         return False
     limit = guard.max_interventions

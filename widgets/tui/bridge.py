@@ -10,6 +10,7 @@ instead and posts the events each poll found to the app in one ``post_message``
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from typing import Any
 
@@ -58,17 +59,18 @@ class LogForwarder(logging.Handler):
     """Show the core's warnings in the event log instead of printing them over the screen.
 
     While the app owns the terminal, a line written to stderr would tear the display; so
-    this handler is attached to the ``workbench`` and ``py.warnings`` loggers (with Python
-    warnings routed to logging) for the app's lifetime. ``emit`` may run on the training
-    thread: it only posts a message.
+    this handler is attached to the ``workbench``, ``transformers`` (the warnings HF's Trainer
+    gives come out there) and ``py.warnings`` loggers (with Python warnings routed to logging)
+    for the app's lifetime, and the terminal handlers transformers puts on its logger are
+    detached meanwhile. ``emit`` may run on the training thread: it only posts a message.
     """
 
-    LOGGERS = ("workbench", "py.warnings")
+    LOGGERS = ("workbench", "transformers", "py.warnings")
 
     def __init__(self, app: Any) -> None:
         super().__init__(level=logging.WARNING)
         self.app = app
-        self._saved: list[tuple[logging.Logger, bool]] = []
+        self._saved: list[tuple[logging.Logger, bool, list[logging.Handler]]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -83,14 +85,20 @@ class LogForwarder(logging.Handler):
         logging.captureWarnings(True)
         for name in self.LOGGERS:
             logger = logging.getLogger(name)
-            self._saved.append((logger, logger.propagate))
+            terminal = [h for h in logger.handlers if isinstance(h, logging.StreamHandler)
+                        and getattr(h, "stream", None) in (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)]
+            self._saved.append((logger, logger.propagate, terminal))
+            for handler in terminal:
+                logger.removeHandler(handler)
             logger.addHandler(self)
             logger.propagate = False  # the root logger's handlers would print to the terminal
 
     def uninstall(self) -> None:
         """Detach and restore what ``install`` changed."""
-        for logger, propagate in self._saved:
+        for logger, propagate, terminal in self._saved:
             logger.removeHandler(self)
+            for handler in terminal:
+                logger.addHandler(handler)
             logger.propagate = propagate
         self._saved.clear()
         logging.captureWarnings(False)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 
 from workbench.records import CheckpointRow
-from workbench.train.callbacks import WORKBENCH_STATE_NAME
+from workbench.train.run_state import WORKBENCH_STATE_NAME
 from workbench.train.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 if TYPE_CHECKING:
@@ -334,7 +334,10 @@ class CheckpointStore:
                     if candidate.foreign and self.structural_check(candidate.path)[0]:
                         return self._unverified(Path(candidate.path))
             raise ValueError(f"No valid checkpoint found in output directory ({self.root})")
-        path = Path(resume)
+        try:
+            path = self.named(resume)
+        except LookupError as exc:
+            raise ValueError(f"resume_from_checkpoint: {exc}") from None
         if not path.is_dir():
             raise ValueError(f"resume_from_checkpoint: {path} is not a checkpoint folder")
         if not (path / MANIFEST).is_file():
@@ -346,6 +349,21 @@ class CheckpointStore:
         if not ok:
             raise ValueError(f"resume_from_checkpoint: {path} cannot be used: {why}")
         return path
+
+    def named(self, resume: str | os.PathLike) -> Path:
+        """The folder ``resume`` names: the path itself when it exists, else a bare checkpoint
+        name (``checkpoint-88``, as ``workbench checkpoints`` prints it) inside this output_dir.
+        An unknown bare name is a LookupError listing the complete checkpoints there."""
+        path = Path(resume)
+        if path.exists() or len(path.parts) != 1:
+            return path
+        inside = self.root / path
+        if inside.is_dir():
+            return inside
+        names = [row.name for row in self.list() if row.complete]
+        listed = ", ".join(names) if names else "none"
+        raise LookupError(f"{path} is neither a folder nor a checkpoint of {self.root} (its complete "
+                          f"checkpoints: {listed})")
 
     @staticmethod
     def _unverified(path: Path) -> Path:

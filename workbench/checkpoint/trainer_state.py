@@ -25,12 +25,12 @@ from workbench.checkpoint.state_dicts import (
     unique_state,
 )
 from workbench.checkpoint.store import WEIGHTS, WEIGHTS_INDEX, CheckpointStore
-from workbench.train.callbacks import WORKBENCH_STATE_NAME
+from workbench.train.run_state import WORKBENCH_STATE_NAME
 from workbench.train.rng import capture_rng, numpy_safe_globals, restore_rng
 from workbench.train.trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_model
 
 
-log = logging.getLogger("workbench")
+log = logging.getLogger("transformers.trainer")  # HF's Trainer gives these warnings there too
 
 SHARD_BYTES = 5 * 1024**3  # weights above this are split into shards, as transformers does
 
@@ -135,7 +135,7 @@ class CheckpointContents:
             scaler=host_copy(scaler.state_dict()) if full and main and scaler is not None else None,
             rng=capture_rng() if full and acc.num_processes == 1 else None,
             trainer_state=trainer.state.to_json_string(),
-            workbench_state=trainer.state.extras_json_string(),
+            workbench_state=trainer.workbench_state.to_json_string(),
             training_args=args.to_json_string() + "\n",
             arguments=copy.copy(args),
         )
@@ -212,9 +212,10 @@ def save_checkpoint(trainer: "Trainer") -> Path | None:
     name = f"{PREFIX_CHECKPOINT_DIR}-{step}"
     if state.best_global_step == step:
         state.best_model_checkpoint = str(Path(run_dir) / name)
+    trainer.store_flos()  # as HF: the work so far is in the checkpoint's total_flos
     state.stateful_callbacks = trainer.callback_handler.export_states(trainer.control)
     loop = trainer._training_loop
-    state.loss_window = loop.export_window() if loop is not None else None
+    trainer.workbench_state.loss_window = loop.export_window() if loop is not None else None
     if loop is not None and loop.guard is not None:
         loop.collect_guard()  # interventions up to this step belong to this checkpoint
         loop.snapshot_for_save()  # a rollback can go back to what this checkpoint holds
@@ -323,8 +324,9 @@ def _fit_groups(scheduler_state: dict[str, Any], groups: int) -> dict[str, Any]:
 
 
 def load_training_state(trainer: "Trainer", checkpoint: Path) -> None:
-    """Restore weights, optimizer, schedule, RNG, TrainerState (and callbacks) from ``checkpoint``."""
-    from workbench.train.callbacks import TrainerState
+    """Restore weights, optimizer, schedule, RNG, TrainerState (and callbacks), and workbench's
+    own state (``trainer.workbench_state``) from ``checkpoint``."""
+    from workbench.train.run_state import TrainerState, WorkbenchState
 
     acc = trainer.accelerator
     _load_weights(trainer, checkpoint)
@@ -338,6 +340,7 @@ def load_training_state(trainer: "Trainer", checkpoint: Path) -> None:
     loaded.is_local_process_zero = trainer.state.is_local_process_zero
     loaded.is_world_process_zero = trainer.state.is_world_process_zero
     trainer.state = loaded
+    trainer.workbench_state = WorkbenchState.load(checkpoint)
     if trainer.args.restore_callback_states_from_checkpoint:
         trainer.control = trainer.callback_handler.restore_states(loaded.stateful_callbacks, trainer.control)
         # The saving run's stop flag was why it stopped: a resumed run would otherwise end
@@ -372,6 +375,7 @@ def load_best_model(trainer: "Trainer") -> None:
     """Load the weights of ``state.best_model_checkpoint`` into the model (load_best_model_at_end)."""
     path = Path(trainer.state.best_model_checkpoint)
     if not path.is_dir():
-        log.warning("best checkpoint %s is gone; keeping the final weights", path)
+        log.warning("Could not locate the best model at %s: keeping the final weights (with several nodes, "
+                    "set save_on_each_node)", path)
         return
     _load_weights(trainer, path)

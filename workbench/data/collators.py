@@ -38,7 +38,7 @@ __all__ = [
     "signature_columns",
 ]
 
-log = logging.getLogger("workbench")
+log = logging.getLogger("transformers.trainer")  # where HF reports the columns it drops
 
 IGNORE_INDEX = -100
 # Keys padded along the sequence, with the value a padded position gets (None: the pad id).

@@ -207,11 +207,10 @@ class RankSync(TrainerCallback):
     def _apply_records(self, records: list[dict[str, Any]]) -> None:
         from workbench.train.edits import apply_edit
 
-        state = self.trainer.state
         for record in records:
             for key, value in edit_changes(record).items():  # not its step, time or reason
                 apply_edit(self.trainer, key, value)
-            state.live_edits.append(dict(record))
+            self.trainer.workbench_state.live_edits.append(dict(record))
 
     def step_end(self, control) -> None:
         """At exchange points: act on the last agreement, then ask for the next one."""

@@ -22,6 +22,7 @@ class MLPClassifier(nn.Module):
 
     loss_type = "ForSequenceClassification"
     main_input_name = "x"
+    _count: int | None = None  # parameters, for floating_point_ops
 
     def __init__(
         self,
@@ -53,9 +54,20 @@ class MLPClassifier(nn.Module):
         self.body = nn.Sequential(*layers)
         self.head = nn.Linear(width, num_classes)
 
-    def num_parameters(self, only_trainable: bool = False) -> int:
-        """Number of parameters, optionally only those that require grad."""
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """Number of parameters, optionally only those that require grad (``exclude_embeddings``
+        is accepted as transformers' models take it: an MLP has none)."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not only_trainable)
+
+    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        """Operations of a forward and backward pass (the Trainer's total_flos): about 6 per
+        parameter and sample (2 forward, 4 backward), each sample being one row of ``x``."""
+        x = inputs.get(self.main_input_name) if hasattr(inputs, "get") else None
+        if x is None:
+            return 0
+        if self._count is None:  # counted once: called for every micro-batch
+            self._count = self.num_parameters()
+        return 6 * x.shape[0] * self._count
 
     def forward(
         self,

@@ -164,9 +164,12 @@ class TinyGPT(nn.Module):
         """The token embedding; NEFTune hooks its output to add noise during training."""
         return self.wte
 
-    def num_parameters(self, only_trainable: bool = False) -> int:
-        """Number of parameters, counting tied weights once; optionally only trainable ones."""
-        return sum(p.numel() for p in self.parameters() if p.requires_grad or not only_trainable)
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """Number of parameters, counting tied weights once; optionally only trainable ones, or
+        without the embeddings (transformers' arguments: the Trainer's FLOP estimate uses it)."""
+        skip = {id(m.weight) for m in self.modules() if isinstance(m, nn.Embedding)} if exclude_embeddings else set()
+        return sum(p.numel() for p in self.parameters()
+                   if (p.requires_grad or not only_trainable) and id(p) not in skip)
 
     # ------------------------------------------------------------------ forward
 

@@ -480,7 +480,7 @@ class Session(CheckpointCommands):
             if self._status in (Status.PAUSED, Status.IDLE):
                 applied = self._apply_edits(changes, reason)
                 if self._sync is not None:  # the other ranks apply it at the next heartbeat
-                    self._sync.publish_record(self.trainer.state.live_edits[-1])
+                    self._sync.publish_record(self.trainer.workbench_state.live_edits[-1])
                 return applied
             if self._status in ENDED:
                 raise RuntimeError(f"cannot edit: the session is {self._status}")
@@ -608,7 +608,8 @@ class Session(CheckpointCommands):
     def _on_train_begin(self, state) -> None:
         self._started_at = time.perf_counter()
         self._start_step = state.global_step
-        self._edits = [dict(e) for e in state.live_edits]  # a resumed run's edits come with its checkpoint
+        # A resumed run's edits come with its checkpoint.
+        self._edits = [dict(e) for e in self.trainer.workbench_state.live_edits]
         self._refresh_catalog()
         self._emit("started", max_steps=state.max_steps)
 
@@ -765,7 +766,7 @@ class Session(CheckpointCommands):
         changes = dict(changes)
         reason = changes.pop("reason", None)
         self._apply_edits(changes, reason)
-        return dict(self.trainer.state.live_edits[-1])
+        return dict(self.trainer.workbench_state.live_edits[-1])
 
     def _apply_edits(self, changes: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
         trainer = self.trainer
@@ -776,7 +777,7 @@ class Session(CheckpointCommands):
             applied[key] = apply_edit(trainer, key, value)
         why = {"reason": reason} if reason else {}  # no empty "reason" keys in old-style records
         record = {"step": trainer.state.global_step, "time": time.time(), **applied, **why}
-        trainer.state.live_edits.append(record)
+        trainer.workbench_state.live_edits.append(record)
         self._edits.append(record)
         from workbench.train.tracking import EventLog
 
@@ -812,10 +813,9 @@ class Session(CheckpointCommands):
         with self._lock:
             self._publish_locked()
 
-    def _interventions(self, state: Any) -> tuple[Intervention, ...]:
+    def _interventions(self, records: Any) -> tuple[Intervention, ...]:
         """The guard's records as value types, rebuilt only when they changed (they are few
         and change rarely; a snapshot is published several times a second)."""
-        records = (state.guard or {}).get("interventions", ())
         # Records are only appended (a rollback fills its own in before it is published).
         key = (len(records), records[-1].get("step"), records[-1].get("restored_step")) if records else (0,)
         cached = self._interventions_cache
@@ -829,6 +829,7 @@ class Session(CheckpointCommands):
         from workbench.session.progress import progress
 
         state, args = self.trainer.state, self.trainer.args
+        interventions = (self.trainer.workbench_state.guard or {}).get("interventions", ())
         self._snapshot = replace(
             self._snapshot,
             status=self._status,
@@ -842,8 +843,8 @@ class Session(CheckpointCommands):
             best_metric=state.best_metric,
             best_step=state.best_global_step,
             edits=tuple(dict(e) for e in self._edits),
-            guard_interventions=len((state.guard or {}).get("interventions", ())),
-            interventions=self._interventions(state),
+            guard_interventions=len(interventions),
+            interventions=self._interventions(interventions),
             error=f"{type(self._error).__name__}: {self._error}" if self._error is not None else None,
             traceback=self._traceback,
             run_name=args.run_name or str(args.output_dir),

@@ -202,9 +202,10 @@ class SeriesStore:
                 self.add(key, step, logs[key])
 
     def add_eval(self, step: int, metrics: dict[str, Any]) -> None:
-        """Every numeric evaluation metric, except timings."""
+        """Every numeric evaluation metric, except timings (and the epoch and token count
+        that evaluate() adds to its metrics, as HF's does)."""
         for key, value in metrics.items():
-            if not is_timing_metric(key) and "_mem_" not in key:
+            if not is_timing_metric(key) and "_mem_" not in key and key not in ("epoch", "num_input_tokens_seen"):
                 self.add(key, step, value)
 
     def frozen(self) -> dict[str, tuple[Point, ...]]:

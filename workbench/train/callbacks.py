@@ -8,25 +8,37 @@ costs nothing on the hot path.
 
 from __future__ import annotations
 
-import dataclasses
+import abc
 import enum
-import json
 import logging
 import math
 import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TextIO
 
 from workbench.records import is_timing_metric
+from workbench.train.run_state import (
+    WORKBENCH_STATE_FIELDS,
+    WORKBENCH_STATE_NAME,
+    ExportableState,
+    TrainerControl,
+    TrainerState,
+    WorkbenchState,
+    is_hf_class,
+)
 
-log = logging.getLogger("workbench")
+# The warnings transformers' Trainer gives come out on its loggers' names, with its wording,
+# so the handlers and verbosity settings of HF users and tools apply to them as well.
+log = logging.getLogger("transformers.trainer_callback")
+trainer_log = logging.getLogger("transformers.trainer")
 
 __all__ = [
     "Event",
     "TrainerState",
     "TrainerControl",
+    "WorkbenchState",
+    "WORKBENCH_STATE_FIELDS",
+    "WORKBENCH_STATE_NAME",
     "TrainerCallback",
     "CallbackHandler",
     "DefaultFlowCallback",
@@ -60,135 +72,22 @@ class Event(enum.StrEnum):
     ON_ERROR = "on_error"
 
 
-class ExportableState:
-    """Mixin for callbacks whose state is saved in checkpoints (HF's ExportableState)."""
-
-    def state(self) -> dict:
-        """``{"args": constructor kwargs, "attributes": mutable state}``."""
-        raise NotImplementedError("stateful callbacks implement state()")
-
-    @classmethod
-    def from_state(cls, state: dict) -> "ExportableState":
-        """Rebuild the callback from what ``state()`` returned."""
-        instance = cls(**state["args"])
-        for key, value in state["attributes"].items():
-            setattr(instance, key, value)
-        return instance
-
-
-# TrainerState fields of workbench's own, kept out of trainer_state.json (see to_json_string).
-WORKBENCH_STATE_FIELDS = ("live_edits", "loss_window", "guard")
-WORKBENCH_STATE_NAME = "workbench_state.json"
-
-
-@dataclass
-class TrainerState:
-    """What the loop knows about the run; saved as trainer_state.json in checkpoints."""
-
-    epoch: float = 0
-    global_step: int = 0
-    max_steps: int = 0
-    logging_steps: int = 500
-    eval_steps: int = 500
-    save_steps: int = 500
-    train_batch_size: int | None = None
-    num_train_epochs: int = 0
-    num_input_tokens_seen: int = 0
-    total_flos: float = 0
-    log_history: list[dict[str, float]] = field(default_factory=list)
-    best_metric: float | None = None
-    best_global_step: int | None = None
-    best_model_checkpoint: str | None = None
-    is_local_process_zero: bool = True
-    is_world_process_zero: bool = True
-    is_hyper_param_search: bool = False
-    trial_name: str | None = None
-    trial_params: dict[str, Any] | None = None
-    stateful_callbacks: dict[str, Any] = field(default_factory=dict)
-    # workbench: live hyperparameter edits applied during the run, replayed on resume.
-    live_edits: list[dict[str, Any]] = field(default_factory=list)
-    # workbench: the training loss not yet logged (since step ``since_step``), so a resumed
-    # run logs the same values as an uninterrupted one.
-    loss_window: dict[str, Any] | None = None
-    # workbench: the guard's interventions and detector state (train/guard.py), so a resumed
-    # run repeats the uninterrupted one's decisions.
-    guard: dict[str, Any] | None = None
-
-    def to_json_string(self) -> str:
-        """The HF fields as indented JSON: trainer_state.json, which transformers' Trainer
-        reads as it is (its TrainerState takes no unknown keys, so workbench's go elsewhere)."""
-        data = {k: v for k, v in dataclasses.asdict(self).items() if k not in WORKBENCH_STATE_FIELDS}
-        return json.dumps(data, indent=2, sort_keys=True) + "\n"
-
-    def extras_json_string(self) -> str:
-        """workbench's own fields (live edits, the unlogged loss) for ``workbench_state.json``."""
-        data = {k: getattr(self, k) for k in WORKBENCH_STATE_FIELDS}
-        return json.dumps({"format": 1, **data}, indent=2, sort_keys=True) + "\n"
-
-    def save_to_json(self, json_path: str) -> None:
-        """Write trainer_state.json, and workbench_state.json beside it."""
-        path = Path(json_path)
-        path.write_text(self.to_json_string(), encoding="utf-8")
-        (path.parent / WORKBENCH_STATE_NAME).write_text(self.extras_json_string(), encoding="utf-8")
-
-    @classmethod
-    def load_from_json(cls, json_path: str) -> "TrainerState":
-        """Read trainer_state.json (written here or by transformers; unknown keys ignored) and
-        workbench_state.json beside it when there is one (older checkpoints kept those
-        fields in trainer_state.json itself)."""
-        path = Path(json_path)
-        data = json.loads(path.read_text(encoding="utf-8"))
-        extras = path.parent / WORKBENCH_STATE_NAME
-        if extras.is_file():
-            data.update({k: v for k, v in json.loads(extras.read_text(encoding="utf-8")).items()
-                         if k in WORKBENCH_STATE_FIELDS})
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
-
-    def compute_steps(self, args: Any, max_steps: int) -> None:
-        """Resolve logging/eval/save steps given as ratios of ``max_steps`` (HF rule)."""
-        for name in ("logging", "eval", "save"):
-            value = getattr(args, f"{name}_steps")
-            if value is None:
-                continue
-            steps = math.ceil(max_steps * value) if value < 1 else int(value)
-            setattr(self, f"{name}_steps", max(1, steps))
-
-
-@dataclass
-class TrainerControl(ExportableState):
-    """Flags callbacks set to steer the loop; the loop resets them after acting. Saved in
-    checkpoints with the stateful callbacks, as in HF."""
-
-    should_training_stop: bool = False
-    should_epoch_stop: bool = False
-    should_save: bool = False
-    should_evaluate: bool = False
-    should_log: bool = False
-
-    def _new_training(self) -> None:
-        self.should_training_stop = False
-
-    def _new_epoch(self) -> None:
-        self.should_epoch_stop = False
-
-    def _new_step(self) -> None:
-        self.should_save = False
-        self.should_evaluate = False
-        self.should_log = False
-
-    def state(self) -> dict:
-        """The flags, as ``{"args": ..., "attributes": {}}`` (HF's ExportableState form)."""
-        return {"args": dataclasses.asdict(self), "attributes": {}}
-
-
-class TrainerCallback:
+class TrainerCallback(abc.ABC):
     """Base class with every hook of the HF Trainer; override the ones you need.
 
     Hooks receive ``(args, state, control, **kwargs)`` with kwargs such as model,
     optimizer, lr_scheduler, train_dataloader, eval_dataloader, metrics, logs. Returning a
     ``TrainerControl`` replaces the control object, as in transformers.
+
+    A ``transformers.TrainerCallback`` is one as well: ``isinstance(cb, TrainerCallback)``
+    is True for it (workbench does not import transformers, so the converse is not).
     """
+
+    @classmethod
+    def __subclasshook__(cls, other: type) -> bool:
+        if cls is TrainerCallback and is_hf_class(other, "TrainerCallback"):
+            return True
+        return NotImplemented
 
     def on_init_end(self, args, state, control, **kwargs): ...
     def on_train_begin(self, args, state, control, **kwargs): ...
@@ -207,6 +106,22 @@ class TrainerCallback:
     def on_prediction_step(self, args, state, control, **kwargs): ...
     def on_push_begin(self, args, state, control, **kwargs): ...
     def on_error(self, args, state, control, error=None, **kwargs): ...
+
+
+# Classes both families have, with the same name and meaning: either one stands for the other
+# when a callback is removed, popped, or added a second time.
+SHARED_CALLBACKS = frozenset({"DefaultFlowCallback", "PrinterCallback", "ProgressCallback", "EarlyStoppingCallback"})
+
+
+def same_kind(a: type, b: type) -> bool:
+    """Whether callback classes ``a`` and ``b`` are one, or the two families' versions of one
+    of the built-ins (workbench's ``DefaultFlowCallback`` and transformers')."""
+    if a is b:
+        return True
+    if a.__name__ != b.__name__ or a.__name__ not in SHARED_CALLBACKS:
+        return False
+    families = {__name__, "transformers.trainer_callback"}
+    return a.__module__ in families and b.__module__ in families
 
 
 def _implements(callback: Any, hook: str) -> bool:
@@ -244,7 +159,7 @@ class CallbackHandler(TrainerCallback):
         early-stopping callbacks, say, are usually a configuration mistake.
         """
         cb = callback() if isinstance(callback, type) else callback
-        if any(type(existing) is type(cb) for existing in self.callbacks):
+        if any(same_kind(type(existing), type(cb)) for existing in self.callbacks):
             log.warning("You are adding a %s to the callbacks of this Trainer, but there is already one. "
                         "The current list of callbacks is:\n%s", type(cb).__name__, self.callback_list)
         self.callbacks.append(cb)
@@ -288,7 +203,7 @@ class CallbackHandler(TrainerCallback):
                 self.callbacks[index] = _rebuilt(type(self.callbacks[index]), state)
             self._dispatch = {}
         if missing:
-            log.warning("Checkpoint included callbacks not included in current configuration. Ignoring. (%s)",
+            trainer_log.warning("Checkpoint included callbacks not included in current configuration. Ignoring. (%s)",
                         ", ".join(missing))
         return control
 
@@ -305,8 +220,14 @@ class CallbackHandler(TrainerCallback):
         self.pop_callback(callback)
 
     def _find(self, callback: Any) -> Any | None:
+        """The callback itself, or the first one of the class (HF: subclasses count) or of
+        its counterpart in the other family (``transformers.DefaultFlowCallback`` finds
+        workbench's, and the other way round)."""
         for cb in self.callbacks:
-            if (isinstance(callback, type) and type(cb) is callback) or cb is callback:
+            if isinstance(callback, type):
+                if isinstance(cb, callback) or same_kind(type(cb), callback):
+                    return cb
+            elif cb is callback:
                 return cb
         return None
 
@@ -507,7 +428,7 @@ class ProgressCallback(TrainerCallback):
         shown = [
             f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
             for k, v in metrics.items()
-            if not is_timing_metric(k)
+            if not is_timing_metric(k) and k != "epoch"  # the step is in the line already
         ]
         self._write(f"eval @ step {state.global_step}: " + " | ".join(shown))
 
@@ -517,9 +438,13 @@ class PrinterCallback(TrainerCallback):
     the local main process. The Trainer uses it instead of ProgressCallback with ``disable_tqdm``."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs:
+            # As HF's, on every process: total_flos leaves the logs dict itself, so with
+            # disable_tqdm the metrics train() returns have none either (log_history keeps it).
+            logs.pop("total_flos", None)
         if not state.is_local_process_zero or not logs:
             return
-        shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in logs.items() if k != "total_flos"}
+        shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in logs.items()}
         print(shown, flush=True)
 
 

@@ -184,7 +184,7 @@ def replay_edits(trainer: "Trainer") -> None:
     edited value (of max_steps, or of num_train_epochs converted to steps) is put back here.
     """
     per_epoch = getattr(trainer, "_updates_per_epoch", None)
-    for edit in trainer.state.live_edits:
+    for edit in trainer.workbench_state.live_edits:
         for key, value in edit.items():  # in the order they were applied
             if key == "max_steps":
                 trainer.state.max_steps = int(value)

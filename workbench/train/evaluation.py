@@ -302,7 +302,7 @@ def evaluate(trainer: "Trainer", eval_dataset=None, ignore_keys=None, metric_key
     else:
         prefix = f"{metric_key_prefix}_{eval_dataset}" if isinstance(eval_dataset, str) else metric_key_prefix
         metrics = _run_one(trainer, eval_dataset, ignore_keys, prefix)
-    trainer.log(dict(metrics))
+    trainer.log(metrics)  # as HF: the returned metrics carry the epoch too
     trainer.control = trainer.callback_handler.on_evaluate(trainer.args, trainer.state, trainer.control, metrics)
     return metrics
 

@@ -18,6 +18,7 @@ import torch
 import workbench.train.losses as losses
 from workbench.checkpoint.lock import check_writable
 from workbench.data.samplers import start_loader_epoch
+from workbench.train.run_state import WorkbenchState
 from workbench.train.trainer_utils import TrainOutput, has_length, speed_metrics, unwrap_model
 from workbench.train.schedules import steps_per_update
 
@@ -154,14 +155,15 @@ class TrainingLoop:
         state.max_steps = max_steps
         state.num_train_epochs = num_epochs if num_epochs != sys.maxsize else 0
         trainer.state = state
+        trainer.workbench_state = WorkbenchState()
         trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
         if checkpoint is not None:
             load_training_state(trainer, checkpoint)
             state = trainer.state
             state.max_steps = max_steps
             replay_edits(trainer)  # a live max_steps edit outlives the restart
-            if self.guard is not None and state.guard:
-                self.guard.restore(state.guard)  # the detector decides as the uninterrupted run
+            if self.guard is not None and trainer.workbench_state.guard:
+                self.guard.restore(trainer.workbench_state.guard)  # the detector decides as the uninterrupted run
             # This launch's arguments where they differ from the checkpoint's: warned about,
             # and the live-editable ones applied from here as a recorded edit (resume_args.py).
             apply_changed_arguments(trainer, checkpoint, max_steps)
@@ -174,10 +176,14 @@ class TrainingLoop:
         self.total_loss = 0.0
         self.last_logged = state.global_step
         if checkpoint is not None:
-            self._restore_window(state.loss_window)
+            self._restore_window(trainer.workbench_state.loss_window)
         # The Trainer's step-end hooks and every save (wherever asked for) reach this run through it.
         trainer._training_loop = self
         self.grad_norm: torch.Tensor | None = None
+        # The rate the last optimizer step used, read before the schedule moves on: what HF
+        # logs for that step (None until a step of this call ran).
+        self.learning_rate: float | None = None
+        trainer.current_flos = 0
         self._tokens = torch.zeros((), dtype=torch.long, device=acc.device)
         trainer._memory_stage("train", start=True)
         start_time = time.perf_counter()
@@ -278,6 +284,7 @@ class TrainingLoop:
                 sync = contextlib.nullcontext() if i == last else acc.no_sync(model)
                 with sync:
                     loss = trainer.training_step(model, inputs, num_items)
+                trainer.current_flos += float(trainer.floating_point_ops(inputs))  # HF: per micro-batch
                 # Remembered, not added: the window sums (and NaN-filters) at the logging point.
                 self.window.add(loss, state.global_step - self.last_logged)
                 if guard is not None:
@@ -358,6 +365,7 @@ class TrainingLoop:
         if guard is not None:
             guard.after_step()
         trainer.control = handler.on_optimizer_step(args, state, trainer.control)
+        self.learning_rate = trainer._get_learning_rate()
         if (self._clip_plain or not acc.optimizer_step_was_skipped) and steps_per_update(trainer.lr_scheduler):
             trainer.lr_scheduler.step()  # only a loss scaler skips steps; a plateau schedule steps on evaluations
         trainer.optimizer.zero_grad(set_to_none=True)
@@ -396,7 +404,7 @@ class TrainingLoop:
 
     def collect_guard(self, act: bool = False) -> None:
         """Read the guard's pending flags (a host sync) and record new interventions:
-        ``guard`` events (main process) and ``state.guard`` (the next checkpoint).
+        ``guard`` events (main process) and ``workbench_state.guard`` (the next checkpoint).
 
         ``act``: at the loop's guard point, where a rollback can be carried out; elsewhere
         (a save's own read) a rollback found is left for the next guard point.
@@ -413,7 +421,7 @@ class TrainingLoop:
             log = EventLog(self.args.output_dir)
             for record in guard.new:
                 log.write("guard", record["step"], **{k: v for k, v in record.items() if k != "step"})
-        trainer.state.guard = guard.export()
+        trainer.workbench_state.guard = guard.export()
 
     def _roll_back(self, record: dict[str, Any]) -> None:
         """Carry out a rollback (train/rollback.py) and make this boundary the restored one:
@@ -458,10 +466,11 @@ class TrainingLoop:
         override point), with this run's loss window as ``tr_loss``."""
         trainer = self.trainer
         trainer._maybe_log_save_evaluate(self.window, self.grad_norm, model, None, trainer.state.epoch, ignore_keys,
-                                         start_time)
+                                         start_time, learning_rate=self.learning_rate)
 
-    def log_loss(self, start_time: float) -> None:
-        """Log the loss since the last log (a host sync: a logging point), with grad norm and LR."""
+    def log_loss(self, start_time: float, learning_rate: float | None = None) -> None:
+        """Log the loss since the last log (a host sync: a logging point), with grad norm and
+        the learning rate the last step used (``learning_rate``; else the current one)."""
         trainer, acc, state = self.trainer, self.accelerator, self.trainer.state
         if state.global_step <= self.last_logged:
             return
@@ -471,10 +480,11 @@ class TrainingLoop:
         logs: dict[str, float] = {"loss": loss_scalar / (state.global_step - self.last_logged)}
         if self.grad_norm is not None:
             logs["grad_norm"] = float(self.grad_norm)
-        logs["learning_rate"] = trainer.get_learning_rates()[0]
+        logs["learning_rate"] = learning_rate if learning_rate is not None else trainer._get_learning_rate()
         self.total_loss += loss_scalar
         self.last_logged = state.global_step
         self._sync_tokens()
+        trainer.store_flos()
         trainer.log(logs, start_time)
 
     def export_window(self) -> dict[str, Any]:
@@ -520,6 +530,7 @@ class TrainingLoop:
         done = state.global_step - start_step
         samples = done * trainer._train_batch_size * args.gradient_accumulation_steps * self.accelerator.num_processes
         metrics = speed_metrics("train", start_time, num_samples=samples, num_steps=done)
+        trainer.store_flos()
         metrics["total_flos"] = float(state.total_flos)
         metrics["train_loss"] = train_loss
         metrics.update(trainer._init_memory_metrics)
@@ -529,7 +540,7 @@ class TrainingLoop:
             from workbench.checkpoint.trainer_state import load_best_model
 
             load_best_model(trainer)
-        trainer.log(dict(metrics))
+        trainer.log(metrics)  # as HF: the returned metrics carry the epoch too
         trainer.control = trainer.callback_handler.on_train_end(args, state, trainer.control)
         return TrainOutput(state.global_step, train_loss, metrics)
 

@@ -7,13 +7,14 @@ The rule, applied once at the resume step (never per step):
 
 * Each argument of :data:`COMPARED` is compared with the checkpoint's
   ``training_args.json`` (the arguments of the launch that wrote it). Every difference is
-  one warning line on the ``workbench`` logger (rank 0), as HF's
-  ``compare_trainer_and_checkpoint_args`` warns.
+  one warning line on the ``transformers.trainer_utils`` logger (rank 0), as HF's
+  ``compare_trainer_and_checkpoint_args`` warns (workbench's wording: the launch's value
+  wins here where HF keeps the checkpoint's).
 * The live-editable ones (``learning_rate``, ``max_steps``, ``num_train_epochs``,
   ``logging_steps``, ``eval_steps``, ``save_steps``) take effect from the resume step,
   through the same ``apply_edit`` a Session's ``set()`` uses, and are recorded as one
-  ``state.live_edits`` entry (``{"step", "time", key: value, ...}``) so the run's history and
-  later resumes see them.
+  ``workbench_state.live_edits`` entry (``{"step", "time", key: value, ...}``) so the run's
+  history and later resumes see them.
 * The others only warn, saying what happens instead (e.g. a new batch size shifts the data
   position).
 
@@ -35,7 +36,7 @@ from typing import Any
 from workbench.train.edits import EDITABLE, apply_edit
 
 
-log = logging.getLogger("workbench")
+log = logging.getLogger("transformers.trainer_utils")  # where HF warns about changed arguments
 
 __all__ = ["COMPARED", "checkpoint_arguments", "apply_changed_arguments", "replace_arguments"]
 
@@ -166,7 +167,7 @@ def apply_changed_arguments(trainer: "Trainer", checkpoint: Path, planned_max_st
             log.warning("resuming from %s: %s is %r in this launch but %r in its training_args.json; %s",
                         checkpoint.name, key, current.get(key), values[key], _note(key, applied, refused, step, args))
     if applied:
-        state.live_edits.append({"step": step, "time": time.time(), **applied})
+        trainer.workbench_state.live_edits.append({"step": step, "time": time.time(), **applied})
         if trainer.is_world_process_zero():
             from workbench.train.tracking import EventLog
 

@@ -86,7 +86,7 @@ def roll_back(trainer: "Trainer", monitor: "GuardMonitor", ring: "SnapshotRing |
         value = apply_edit(trainer, "lr_scale", guard.lr_backoff)
         # A live edit like any other: in events and workbench_state.json; the scaled base
         # rates themselves come back with scheduler.pt on resume.
-        trainer.state.live_edits.append({"step": step, "time": time.time(), "lr_scale": value})
+        trainer.workbench_state.live_edits.append({"step": step, "time": time.time(), "lr_scale": value})
         record["lr_scale"] = value
     return resume
 
@@ -118,11 +118,12 @@ def _from_disk(trainer: "Trainer", monitor: "GuardMonitor", bad_step: int,
     if not rows:
         return None
     path = Path(max(rows, key=lambda row: row.step).path)
-    state = trainer.state
+    state, extras = trainer.state, trainer.workbench_state
     load_training_state(trainer, path)
-    loaded, trainer.state = trainer.state, state
+    loaded, loaded_extras = trainer.state, trainer.workbench_state
+    trainer.state, trainer.workbench_state = state, extras  # the run's history stays
     state.global_step, state.epoch = loaded.global_step, loaded.epoch
-    saved = loaded.guard or {}
+    saved = loaded_extras.guard or {}
     monitor.restore_detector(saved)
     monitor.skipped = int((saved.get("data") or {}).get("skipped", 0))  # what that checkpoint had skipped
     position = (saved.get("data") or {}).get("position")

@@ -102,7 +102,7 @@ class EventLogCallback(TrainerCallback):
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         out = self._out(args, state)
         if out:
-            out.write("eval", state.global_step, epoch=state.epoch, **(metrics or {}))
+            out.write("eval", state.global_step, **{"epoch": state.epoch, **(metrics or {})})
 
     def on_save(self, args, state, control, **kwargs):
         out = self._out(args, state)

@@ -37,7 +37,10 @@ from workbench.train.callbacks import (
     TrainerCallback,
     TrainerControl,
     TrainerState,
+    WorkbenchState,
 )
+from workbench.train.label_smoothing import LabelSmoother
+from workbench.train.reports import TrainerReports
 from workbench.data.collators import RemoveColumnsCollator, default_collator_for, signature_columns
 from workbench.train.optim import decay_parameter_names, get_optimizer_cls_and_kwargs, get_scheduler, parameter_groups
 from workbench.train.schedules import step_on_metric
@@ -69,7 +72,7 @@ __all__ = ["Trainer", "DEFAULT_CALLBACKS"]
 DEFAULT_CALLBACKS = [DefaultFlowCallback]
 
 
-class Trainer:
+class Trainer(TrainerReports):
     """Train, evaluate and predict with any ``nn.Module`` (HF-compatible constructor).
 
     The model's forward may return a dict / ModelOutput / tuple with the loss first. A
@@ -186,6 +189,7 @@ class Trainer:
             is_local_process_zero=self.is_local_process_zero(),
             is_world_process_zero=self.is_world_process_zero(),
         )
+        self.workbench_state = WorkbenchState()  # live edits, unlogged loss, guard: workbench_state.json
         self.control = TrainerControl()
         self._inspect_model()
         self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
@@ -222,6 +226,8 @@ class Trainer:
             warnings.warn("Label smoothing is not compatible with multi-label classification. "
                           "Disabling label smoothing for this training run.", UserWarning, stacklevel=3)
             self.label_smoothing = 0.0
+        # HF's attribute, for compute_loss overrides written against transformers.
+        self.label_smoother = LabelSmoother(self.label_smoothing) if self.label_smoothing > 0 else None
 
     def call_model_init(self, trial: Any = None) -> nn.Module:
         """Build a model with ``model_init`` (it may take the trial or nothing)."""
@@ -656,7 +662,10 @@ class Trainer:
                 return  # the loop raises HF's "No valid checkpoint found"
             folder = Path(complete[-1].path)
         else:
-            folder = Path(resume_from_checkpoint)
+            try:
+                folder = CheckpointStore(self.args.output_dir).named(resume_from_checkpoint)
+            except LookupError:
+                return  # the loop reports the unknown name
         try:
             saved = TrainerState.load_from_json(str(folder / "trainer_state.json")).train_batch_size
         except (OSError, ValueError):
@@ -727,7 +736,7 @@ class Trainer:
         ``tr_loss`` is the run's loss window (reduced at the logging point, not per step).
         """
         if self.control.should_log and self._training_loop is not None:
-            self._training_loop.log_loss(start_time)
+            self._training_loop.log_loss(start_time, learning_rate)
         if self.control.should_evaluate:
             metrics = self._evaluate(trial, ignore_keys_for_eval)
             if self._determine_best_metric(metrics, trial) and self.args.save_strategy == "best":
