@@ -11,6 +11,7 @@ import contextlib
 import math
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -313,7 +314,7 @@ class TrainingLoop:
                 return
         self._log_save_evaluate(model, ignore_keys, start_time)
 
-    def _count_items(self, micro: list[dict[str, Any]]) -> torch.Tensor | None:
+    def _count_items(self, micro: list[Mapping[str, Any]]) -> torch.Tensor | None:
         """Targets across the accumulated batch (and across processes when averaging).
 
         With one micro-batch on one process (or no averaging across them) the count only
@@ -322,7 +323,8 @@ class TrainingLoop:
         """
         if len(micro) == 1 and self._mean_is_enough:
             return None
-        if not micro or not isinstance(micro[0], dict) or "labels" not in micro[0]:
+        # Any Mapping is a batch of named inputs (HF's collators return BatchEncoding, a UserDict).
+        if not micro or not isinstance(micro[0], (dict, Mapping)) or "labels" not in micro[0]:
             return None
         kind = self.trainer.model_kind
         total = losses.count_target_items(micro[0]["labels"], kind)
@@ -333,7 +335,7 @@ class TrainingLoop:
             total = self.accelerator.gather(total.reshape(1)).sum()
         return total
 
-    def _count_tokens(self, inputs: dict[str, Any], mode: str) -> None:
+    def _count_tokens(self, inputs: Mapping[str, Any], mode: str) -> None:
         name = getattr(unwrap_model(self.trainer.model), "main_input_name", "input_ids")
         if mode == "non_padding" and "attention_mask" in inputs:
             self._tokens += inputs["attention_mask"].sum().to(self._tokens.device)
