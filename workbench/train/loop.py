@@ -18,7 +18,7 @@ import torch
 
 import workbench.train.losses as losses
 from workbench.checkpoint.lock import check_writable
-from workbench.data.samplers import start_loader_epoch
+from workbench.data.samplers import draw_iterator_seed, start_loader_epoch
 from workbench.train.trainer_utils import TrainOutput, has_length, speed_metrics, unwrap_model
 
 
@@ -241,6 +241,8 @@ class TrainingLoop:
         # Samplers, collator and generator are found through the loader itself, so a
         # get_train_dataloader override is seeded per epoch like the built-in loader.
         start_loader_epoch(loader, epoch, args.data_seed if args.data_seed is not None else args.seed)
+        if not skip:
+            draw_iterator_seed(loader, epoch)  # HF's loader draws this as the epoch starts
         iterator_source = loader
         if skip:
             from accelerate import skip_first_batches

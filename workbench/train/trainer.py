@@ -354,12 +354,15 @@ class Trainer:
             raise ValueError("evaluation needs an eval_dataset (pass one to Trainer or to evaluate())")
         return dataset
 
-    def _eval_loader(self, dataset: Dataset, description: str) -> DataLoader:
+    def _eval_loader(self, dataset: Dataset, description: str, draws: bool = True) -> DataLoader:
+        # As HF's, an evaluation's iterator draws its base seed from the global RNG, so the
+        # training after it sees HF's numbers (a checkpoint is written after its step's
+        # evaluation: a resume stays exact). ``draws`` False: the loader owns a generator.
         loader = DataLoader(
             dataset,
             batch_size=self.args.eval_batch_size,
             sampler=None if isinstance(dataset, IterableDataset) else EpochSequentialSampler(dataset),
-            generator=torch.Generator().manual_seed(self.args.seed),  # leave the global RNG alone
+            generator=None if draws else torch.Generator().manual_seed(self.args.seed),
             collate_fn=self._collator_for(dataset, description),
             drop_last=self.args.dataloader_drop_last,
             **self._loader_kwargs(),
@@ -376,7 +379,12 @@ class Trainer:
         reuse = self.args.dataloader_persistent_workers and (eval_dataset is None or isinstance(eval_dataset, str))
         if reuse and key in self._eval_dataloaders:
             return self._eval_dataloaders[key]
-        loader = self._eval_loader(self._resolve_eval_dataset(eval_dataset), "evaluation")
+        # Persistent workers keep one iterator: HF draws at a set's first evaluation only (a
+        # resumed run finds that one in its log history).
+        logged = "eval_runtime" if key == "eval" else f"eval_{key}_runtime"
+        draws = not (reuse and self.args.dataloader_num_workers > 0
+                     and any(logged in entry for entry in self.state.log_history))
+        loader = self._eval_loader(self._resolve_eval_dataset(eval_dataset), "evaluation", draws)
         if reuse:
             self._eval_dataloaders[key] = loader
         return loader
