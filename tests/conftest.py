@@ -18,7 +18,7 @@ import torch
 
 from workbench import TrainerCallback, TrainingArguments
 
-__all__ = ["make_args", "StopAt", "hf_logs", "tiny_bert", "token_rows"]
+__all__ = ["make_args", "StopAt", "hf_logs", "tiny_bert", "token_rows", "weights", "assert_bitwise"]
 
 
 def make_args(out: str | Path, **overrides: Any) -> TrainingArguments:
@@ -75,6 +75,18 @@ class StopAt(TrainerCallback):
         if state.global_step == self.n:
             control.should_save = control.should_save or self.save
             control.should_training_stop = True
+
+
+def weights(trainer: Any) -> dict[str, torch.Tensor]:
+    """A copy of the trainer's model weights, by name."""
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+def assert_bitwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    """Two sets of weights (from :func:`weights`) are bitwise equal, name by name."""
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
 
 
 @pytest.fixture(autouse=True, scope="session")

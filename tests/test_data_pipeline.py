@@ -708,8 +708,9 @@ def test_neftune_in_training_not_in_evaluation_and_restored_after(tmp_path):
     clean = Trainer(model=gpt(), args=make_args(tmp_path, max_steps=4), train_dataset=rows, data_collator=LM)
     clean.train()
     assert not torch.equal(noisy.model.wte.weight, clean.model.wte.weight)  # the noise changed training
-    again = Trainer(model=gpt(), args=make_args(tmp_path, max_steps=4, neftune_noise_alpha=5.0),
-                    train_dataset=rows, data_collator=LM)
+    # The same evaluations too: as in HF, each one draws from the global RNG the noise comes from.
+    again = Trainer(model=gpt(), args=make_args(tmp_path, max_steps=4, neftune_noise_alpha=5.0, eval_strategy="steps",
+                                                eval_steps=2), train_dataset=rows, eval_dataset=rows, data_collator=LM)
     again.train()
     assert torch.equal(again.model.wte.weight, noisy.model.wte.weight)  # seeded: reproducible
 

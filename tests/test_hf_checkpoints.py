@@ -20,7 +20,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the test extra installs transformers")
 
-from conftest import tiny_bert, token_rows  # noqa: E402
+from conftest import assert_bitwise, tiny_bert, token_rows, weights  # noqa: E402
 from workbench import Trainer, TrainingArguments  # noqa: E402
 from workbench.checkpoint.store import CheckpointStore  # noqa: E402
 from workbench.checkpoint.trainer_state import save_model_files  # noqa: E402
@@ -41,16 +41,6 @@ def hf_trainer(out: Path) -> transformers.Trainer:
 
 def wb_trainer(out: Path) -> Trainer:
     return Trainer(model=model(), args=TrainingArguments(str(out), **OPTIONS), train_dataset=rows())
-
-
-def weights(trainer) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
-
-
-def assert_bitwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    for name in a:
-        assert torch.equal(a[name], b[name]), name
 
 
 @pytest.fixture(scope="module")

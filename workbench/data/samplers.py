@@ -42,6 +42,7 @@ __all__ = [
     "LengthGroupedSampler",
     "SAMPLING_STRATEGIES",
     "dataset_lengths",
+    "draw_iterator_seed",
     "loader_samplers",
     "padded_cost",
     "start_loader_epoch",
@@ -383,3 +384,23 @@ def start_loader_epoch(loader: Any, epoch: int, seed: int) -> None:
     generator = getattr(loader, "generator", None)
     if isinstance(generator, torch.Generator):
         generator.manual_seed(seed + epoch)
+
+
+def draw_iterator_seed(loader: Any, epoch: int) -> None:
+    """Consume the global-RNG draw transformers' train loader makes as an epoch starts.
+
+    A DataLoader without a generator of its own draws its workers' base seed from the global
+    torch RNG each time an iterator starts (one int64); transformers' loaders have none, so
+    in an HF run dropout and random masking see the numbers after that draw. workbench's
+    loader owns a generator (a resumed run's workers start as the uninterrupted run's did)
+    and draws the same number here instead, so a seeded run sees HF's random numbers. Called
+    at an epoch's first batch only: a run resumed mid-epoch took its RNG state from a
+    checkpoint written after the draw. With persistent workers torch keeps its first
+    iterator, so only epoch 0 draws, as HF's uninterrupted run does. A loader without a
+    generator (an override's) draws by itself.
+    """
+    if not isinstance(getattr(loader, "generator", None), torch.Generator):
+        return
+    if epoch > 0 and getattr(loader, "num_workers", 0) > 0 and getattr(loader, "persistent_workers", False):
+        return
+    torch.empty((), dtype=torch.int64).random_()

@@ -6,10 +6,12 @@ run (or the end of one), never for the training hot path.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from workbench.train.model_kinds import model_kind
 from workbench.train.trainer_utils import unwrap_model
 
 
@@ -61,7 +63,7 @@ def inspect_model(trainer: "Trainer") -> dict[str, Any]:
         })
     batch = getattr(trainer, "last_inputs", None)
     shapes = {}
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):  # a dict, or an HF collator's BatchEncoding (a UserDict)
         shapes = {k: tuple(v.shape) for k, v in batch.items() if isinstance(v, torch.Tensor)}
     return {"step": trainer.state.global_step, "layers": rows, "learning_rates": lrs, "batch_shapes": shapes}
 
@@ -70,7 +72,7 @@ def can_sample(trainer: "Trainer") -> bool:
     """Whether sample_text() can generate with this run: a causal LM with ``generate()`` and
     a processing class (tokenizer) to turn a prompt into ids and back."""
     model = unwrap_model(trainer.model)
-    causal = "CausalLM" in (getattr(model, "loss_type", None) or type(model).__name__)
+    causal = model_kind(model) == "ForCausalLM"  # GPT2LMHeadModel too (no loss_type, no "CausalLM" in its name)
     return hasattr(model, "generate") and causal and trainer.processing_class is not None
 
 
@@ -82,7 +84,7 @@ def sample_text(trainer: "Trainer", prompt: str, max_new_tokens: int = 64, tempe
     if tokenizer is None or not hasattr(model, "generate"):
         raise ValueError("sampling needs a causal LM with generate() and a processing_class (tokenizer)")
     encoded = tokenizer(prompt)
-    ids = encoded["input_ids"] if isinstance(encoded, dict) else encoded.input_ids
+    ids = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded.input_ids
     ids = torch.as_tensor(ids, dtype=torch.long, device=trainer.accelerator.device)
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)

@@ -8,6 +8,7 @@ Session, so speeds and the ETA stay honest across pauses.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["progress"]
@@ -23,7 +24,8 @@ def progress(trainer: Any, started_at: float | None, start_step: int) -> dict[st
                         * args.gradient_accumulation_steps * trainer.accelerator.num_processes)
     tokens_per_s = None
     batch = getattr(trainer, "last_inputs", None)
-    if isinstance(batch, dict) and hasattr(batch.get("input_ids"), "shape") and batch["input_ids"].dim() == 2:
+    # Any Mapping is a batch (HF's collators return BatchEncoding, a UserDict).
+    if isinstance(batch, Mapping) and hasattr(batch.get("input_ids"), "shape") and batch["input_ids"].dim() == 2:
         tokens_per_s = steps_per_s * samples_per_step * batch["input_ids"].shape[1]
     remaining = max(state.max_steps - state.global_step, 0)
     return {"elapsed": elapsed, "steps_per_second": steps_per_s, "samples_per_second": steps_per_s * samples_per_step,

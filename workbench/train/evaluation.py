@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,7 @@ PAD_INDEX = -100
 def _apply(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_apply(fn, v) for v in value)
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):  # a dict, a ModelOutput, or an HF collator's BatchEncoding
         return {k: _apply(fn, v) for k, v in value.items()}
     return fn(value) if isinstance(value, torch.Tensor) else value
 
@@ -63,7 +63,7 @@ def concat_batches(batches: list[Any], pad: int = PAD_INDEX) -> Any:
     first = batches[0]
     if isinstance(first, (list, tuple)):
         return type(first)(concat_batches([b[i] for b in batches], pad) for i in range(len(first)))
-    if isinstance(first, dict):
+    if isinstance(first, Mapping):
         return {k: concat_batches([b[k] for b in batches], pad) for k in first}
     return _concat_tensors(list(batches), pad)
 
@@ -86,7 +86,7 @@ def _nbytes(value: Any) -> int:
         return value.numel() * value.element_size()
     if isinstance(value, (list, tuple)):
         return sum(_nbytes(v) for v in value)
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return sum(_nbytes(v) for v in value.values())
     return 0
 
@@ -137,7 +137,7 @@ def _real_rows(acc, batch_size: int) -> int:
 
 def _head(inputs: Any, n: int, batch_size: int) -> Any:
     """The first ``n`` rows of every batch-sized tensor in ``inputs``."""
-    if isinstance(inputs, dict):
+    if isinstance(inputs, Mapping):
         return {k: _head(v, n, batch_size) for k, v in inputs.items()}
     if isinstance(inputs, (list, tuple)):
         return type(inputs)(_head(v, n, batch_size) for v in inputs)
@@ -186,7 +186,7 @@ def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction
         with precision:
             loss, logits, labels = trainer.prediction_step(model, inputs, loss_only, ignore_keys=ignore_keys)
         main_input = inputs.get(getattr(unwrap_model(trainer.model), "main_input_name", "input_ids")) \
-            if include_inputs and isinstance(inputs, dict) else None
+            if include_inputs and isinstance(inputs, Mapping) else None
         if loss is not None:
             real = _real_rows(acc, batch_size)
             if 0 < real < batch_size:
@@ -251,9 +251,10 @@ def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction
         # The reference: with logging_nan_inf_filter, NaN/Inf batches (e.g. ones without
         # any target) are left out of the eval loss. If every batch is non-finite the loss
         # is reported as NaN, never dropped, so best-metric tracking sees the divergence.
-        finite = all_losses[torch.isfinite(all_losses)] if args.logging_nan_inf_filter else all_losses
-        loss = finite.mean() if finite.numel() else all_losses.mean()
-        metrics[f"{metric_key_prefix}_loss"] = loss.item()
+        # The mean is NumPy's over float32, as HF's (torch sums in another order: the last bits differ).
+        values = all_losses.cpu().numpy()
+        finite = values[np.isfinite(values)] if args.logging_nan_inf_filter else values
+        metrics[f"{metric_key_prefix}_loss"] = (finite if finite.size else values).mean().item()
     for key in list(metrics):
         if not key.startswith(f"{metric_key_prefix}_"):
             metrics[f"{metric_key_prefix}_{key}"] = metrics.pop(key)
@@ -263,7 +264,9 @@ def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction
 
 
 def _batch_size(inputs: Any) -> int:
-    if isinstance(inputs, dict):
+    """Rows in a batch: the first dimension of its first tensor. Any ``Mapping`` is a batch of
+    named inputs (HF's collators return ``BatchEncoding``, a ``UserDict``), as in HF."""
+    if isinstance(inputs, Mapping):
         for value in inputs.values():
             if isinstance(value, torch.Tensor) and value.dim() > 0:
                 return value.shape[0]

@@ -11,13 +11,14 @@ import contextlib
 import math
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 import workbench.train.losses as losses
 from workbench.checkpoint.lock import check_writable
-from workbench.data.samplers import start_loader_epoch
+from workbench.data.samplers import draw_iterator_seed, start_loader_epoch
 from workbench.train.run_state import WorkbenchState
 from workbench.train.trainer_utils import TrainOutput, has_length, speed_metrics, unwrap_model
 from workbench.train.schedules import steps_per_update
@@ -247,6 +248,8 @@ class TrainingLoop:
         # Samplers, collator and generator are found through the loader itself, so a
         # get_train_dataloader override is seeded per epoch like the built-in loader.
         start_loader_epoch(loader, epoch, args.data_seed if args.data_seed is not None else args.seed)
+        if not skip:
+            draw_iterator_seed(loader, epoch)  # HF's loader draws this as the epoch starts
         iterator_source = loader
         if skip:
             from accelerate import skip_first_batches
@@ -321,7 +324,7 @@ class TrainingLoop:
                 return
         self._log_save_evaluate(model, ignore_keys, start_time)
 
-    def _count_items(self, micro: list[dict[str, Any]]) -> torch.Tensor | None:
+    def _count_items(self, micro: list[Mapping[str, Any]]) -> torch.Tensor | None:
         """Targets across the accumulated batch (and across processes when averaging).
 
         With one micro-batch on one process (or no averaging across them) the count only
@@ -330,7 +333,8 @@ class TrainingLoop:
         """
         if len(micro) == 1 and self._mean_is_enough:
             return None
-        if not micro or not isinstance(micro[0], dict) or "labels" not in micro[0]:
+        # Any Mapping is a batch of named inputs (HF's collators return BatchEncoding, a UserDict).
+        if not micro or not isinstance(micro[0], (dict, Mapping)) or "labels" not in micro[0]:
             return None
         kind = self.trainer.model_kind
         total = losses.count_target_items(micro[0]["labels"], kind)
@@ -341,7 +345,7 @@ class TrainingLoop:
             total = self.accelerator.gather(total.reshape(1)).sum()
         return total
 
-    def _count_tokens(self, inputs: dict[str, Any], mode: str) -> None:
+    def _count_tokens(self, inputs: Mapping[str, Any], mode: str) -> None:
         name = getattr(unwrap_model(self.trainer.model), "main_input_name", "input_ids")
         if mode == "non_padding" and "attention_mask" in inputs:
             self._tokens += inputs["attention_mask"].sum().to(self._tokens.device)

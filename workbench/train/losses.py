@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from workbench.train.model_kinds import model_kind
+
 IGNORE_INDEX = -100
 
 __all__ = [
@@ -77,12 +79,22 @@ def classification_loss(
     labels: torch.Tensor,
     num_items_in_batch: int | torch.Tensor | None = None,
     label_smoothing: float = 0.0,
+    problem_type: str | None = None,
     **_: Any,
 ) -> torch.Tensor:
-    """Sequence/image classification: regression for one output with float labels, else CE."""
+    """Sequence/image classification by transformers' problem types: ``problem_type`` (the
+    model's ``config.problem_type``) when set, else regression for one output, multi-label
+    (binary cross entropy per class) for several outputs with float labels, single-label
+    cross entropy for integer labels."""
     labels = labels.to(logits.device)
-    if logits.size(-1) == 1 and labels.is_floating_point():
-        loss = F.mse_loss(logits.squeeze(-1).float(), labels.float(), reduction="sum")
+    if problem_type is None and (logits.size(-1) == 1 or labels.is_floating_point()):
+        problem_type = "regression" if logits.size(-1) == 1 else "multi_label_classification"
+    if problem_type == "regression":
+        predicted = logits.squeeze(-1) if logits.size(-1) == 1 else logits
+        loss = F.mse_loss(predicted.float(), labels.reshape(predicted.shape).float(), reduction="sum")
+        return _reduce(loss, lambda: loss / labels.numel(), num_items_in_batch)
+    if problem_type == "multi_label_classification":
+        loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="sum")
         return _reduce(loss, lambda: loss / labels.numel(), num_items_in_batch)
     return fixed_cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), num_items_in_batch,
                                label_smoothing=label_smoothing)
@@ -111,20 +123,9 @@ LOSS_MAPPING: dict[str, Callable[..., torch.Tensor]] = {
     "ForSequenceClassification": classification_loss,
     "ForImageClassification": classification_loss,
     "ForAudioClassification": classification_loss,
+    "ForVideoClassification": classification_loss,
     "ForMultipleChoice": classification_loss,
 }
-
-
-def model_kind(model: torch.nn.Module) -> str | None:
-    """The model's LOSS_MAPPING key: ``model.loss_type`` if set, else its class-name suffix."""
-    kind = getattr(model, "loss_type", None)
-    if kind:
-        return kind
-    name = type(model).__name__
-    for key in LOSS_MAPPING:
-        if name.endswith(key):
-            return key
-    return None
 
 
 def count_target_items(labels: torch.Tensor, kind: str | None) -> torch.Tensor:

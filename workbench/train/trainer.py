@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import workbench.train.losses as losses
+import workbench.train.model_kinds as model_kinds
 from workbench.train.args import TrainingArguments
 from workbench.train.hf_args import as_workbench_arguments
 from workbench.train.guard import Guard
@@ -211,8 +212,14 @@ class Trainer(TrainerReports):
         params = inspect.signature(model.forward).parameters
         takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         self.model_kind = losses.model_kind(model)
-        self.model_accepts_loss_kwargs = takes_kwargs or "num_items_in_batch" in params
+        flag = getattr(model, "accepts_loss_kwargs", None)  # as HF: a model's own word comes first
+        self.model_accepts_loss_kwargs = flag if isinstance(flag, bool) else takes_kwargs or "num_items_in_batch" in params
         self._model_takes_labels = takes_kwargs or "labels" in params
+        # A loss that ignores num_items_in_batch (BERT's heads) is computed from the logits by
+        # its kind's loss when a count is given (model_kinds.py says why).
+        self._model_loss_counts = model_kinds.loss_uses_item_count(model)
+        self._loss_by_kind = (self.model_kind in losses.LOSS_MAPPING and self._model_takes_labels
+                              and model_kinds.ignores_item_count(model))
         if self.args.label_names is not None:
             self.label_names = list(self.args.label_names)
         else:
@@ -221,6 +228,7 @@ class Trainer(TrainerReports):
         self.label_smoothing = self.args.label_smoothing_factor
         config = getattr(model, "config", None)
         problem = config.get("problem_type") if isinstance(config, dict) else getattr(config, "problem_type", None)
+        self._problem_type = problem  # the classifier loss follows it (losses.classification_loss)
         if self.label_smoothing and problem == "multi_label_classification":
             # As HF: smoothing is defined over classes of one label, not independent binary ones.
             warnings.warn("Label smoothing is not compatible with multi-label classification. "
@@ -355,12 +363,15 @@ class Trainer(TrainerReports):
             raise ValueError("evaluation needs an eval_dataset (pass one to Trainer or to evaluate())")
         return dataset
 
-    def _eval_loader(self, dataset: Dataset, description: str) -> DataLoader:
+    def _eval_loader(self, dataset: Dataset, description: str, draws: bool = True) -> DataLoader:
+        # As HF's, an evaluation's iterator draws its base seed from the global RNG, so the
+        # training after it sees HF's numbers (a checkpoint is written after its step's
+        # evaluation: a resume stays exact). ``draws`` False: the loader owns a generator.
         loader = DataLoader(
             dataset,
             batch_size=self.args.eval_batch_size,
             sampler=None if isinstance(dataset, IterableDataset) else EpochSequentialSampler(dataset),
-            generator=torch.Generator().manual_seed(self.args.seed),  # leave the global RNG alone
+            generator=None if draws else torch.Generator().manual_seed(self.args.seed),
             collate_fn=self._collator_for(dataset, description),
             drop_last=self.args.dataloader_drop_last,
             **self._loader_kwargs(),
@@ -377,7 +388,12 @@ class Trainer(TrainerReports):
         reuse = self.args.dataloader_persistent_workers and (eval_dataset is None or isinstance(eval_dataset, str))
         if reuse and key in self._eval_dataloaders:
             return self._eval_dataloaders[key]
-        loader = self._eval_loader(self._resolve_eval_dataset(eval_dataset), "evaluation")
+        # Persistent workers keep one iterator: HF draws at a set's first evaluation only (a
+        # resumed run finds that one in its log history).
+        logged = "eval_runtime" if key == "eval" else f"eval_{key}_runtime"
+        draws = not (reuse and self.args.dataloader_num_workers > 0
+                     and any(logged in entry for entry in self.state.log_history))
+        loader = self._eval_loader(self._resolve_eval_dataset(eval_dataset), "evaluation", draws)
         if reuse:
             self._eval_dataloaders[key] = loader
         return loader
@@ -451,12 +467,14 @@ class Trainer(TrainerReports):
 
         return send_to_device(inputs, self.accelerator.device, non_blocking=True)
 
-    def _trainer_computes_loss(self, inputs: dict[str, Any]) -> bool:
-        """Whether compute_loss takes the labels out and computes the loss itself."""
+    def _trainer_computes_loss(self, inputs: dict[str, Any], num_items_in_batch: Any = None) -> bool:
+        """Whether compute_loss takes the labels out and computes the loss itself (also when
+        the model's own loss would ignore a target count it needs)."""
         return "labels" in inputs and (
             self.compute_loss_func is not None
             or self.label_smoothing > 0
             or not self._model_takes_labels
+            or (num_items_in_batch is not None and self._loss_by_kind)
         )
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
@@ -467,7 +485,7 @@ class Trainer(TrainerReports):
         already normalized over the accumulated batch and is not divided again.
         """
         labels = None
-        if self._trainer_computes_loss(inputs):
+        if self._trainer_computes_loss(inputs, num_items_in_batch):
             inputs = dict(inputs)
             labels = inputs.pop("labels")
         if self.model_accepts_loss_kwargs and num_items_in_batch is not None and labels is None:
@@ -506,12 +524,13 @@ class Trainer(TrainerReports):
                 f"cannot pick a default loss for {type(unwrap_model(self.model)).__name__}: "
                 f"set model.loss_type to one of {', '.join(losses.LOSS_MAPPING)} or pass compute_loss_func"
             )
-        return loss_fn(logits, labels, num_items_in_batch=num_items, label_smoothing=self.label_smoothing)
+        return loss_fn(logits, labels, num_items_in_batch=num_items, label_smoothing=self.label_smoothing,
+                       problem_type=self._problem_type)
 
     def _loss_is_normalized(self, inputs: dict[str, Any], labels: Any) -> bool:
         if self.compute_loss_func is not None:
             return True
-        return labels is not None or self.model_accepts_loss_kwargs
+        return labels is not None or (self.model_accepts_loss_kwargs and self._model_loss_counts)
 
     def compute_loss_context_manager(self) -> contextlib.AbstractContextManager:
         """Context for the forward pass (autocast is applied by Accelerate's model wrapper)."""
@@ -523,11 +542,12 @@ class Trainer(TrainerReports):
         if not model.training:  # eval() in between; a per-step train() walk costs ~0.1 ms
             model.train()
         inputs = self._prepare_inputs(inputs)
-        trainer_loss = self._trainer_computes_loss(inputs)
+        trainer_loss = self._trainer_computes_loss(inputs, num_items_in_batch)
         with self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         normalized = num_items_in_batch is not None and (
-            self.compute_loss_func is not None or trainer_loss or self.model_accepts_loss_kwargs
+            self.compute_loss_func is not None or trainer_loss
+            or (self.model_accepts_loss_kwargs and self._model_loss_counts)
         )
         if not normalized and self.current_gradient_accumulation_steps != 1:
             loss = loss / self.current_gradient_accumulation_steps
