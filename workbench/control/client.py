@@ -132,7 +132,11 @@ class Connection:
         ident = next(self._ids)
         self.used = time.monotonic()
         self.sock.settimeout(self.timeout)
-        self.sock.sendall(encode({"id": ident, "cmd": cmd, "args": args}))
+        try:
+            self.sock.sendall(encode({"id": ident, "cmd": cmd, "args": args}))
+        except (BrokenPipeError, ConnectionResetError):
+            self._parting_words()
+            raise
         while True:
             reply = decode_reply(self._line(_wait or self.timeout))
             if "event" in reply:  # a subscribed connection interleaves events; requests there are rare
@@ -145,6 +149,16 @@ class Connection:
         if kind in ("Closed", "Busy"):  # the server closes this connection, and says why
             raise (Dropped if kind == "Closed" else Refused)(error)
         raise _ERRORS.get(kind, RuntimeError if kind == "RuntimeError" else RemoteError)(error)
+
+    def _parting_words(self) -> None:
+        """The server closed the connection before our request went out: raise what it said
+        on its way out (a refusal, a deadline), if it said anything."""
+        try:
+            reply = decode_reply(self._line(0.5))
+        except (OSError, ProtocolError, NoLiveRun):
+            return
+        if reply.get("kind") in ("Closed", "Busy") and not reply.get("ok"):
+            raise (Dropped if reply["kind"] == "Closed" else Refused)(str(reply.get("error")))
 
     def stream(self, cursor: int = 0, timeout: float | None = None) -> Iterator[tuple[SessionEvent, int]]:
         """Subscribe and yield (event, cursor) as they happen (the backlog after ``cursor`` first)

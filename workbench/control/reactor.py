@@ -117,9 +117,9 @@ class Link:
         return self.inbuf.find(b"\n") >= 0
 
 
-def closed_line(why: str) -> bytes:
-    """The one line a connection gets when the server closes it."""
-    return encode({"id": None, "ok": False, "error": why, "kind": "Closed"})
+def closed_line(why: str, kind: str = "Closed") -> bytes:
+    """The one line a connection gets when the server closes it (``Busy``: it was refused a slot)."""
+    return encode({"id": None, "ok": False, "error": why, "kind": kind})
 
 
 class Reactor:
@@ -130,8 +130,10 @@ class Reactor:
     and whether more are waiting."""
 
     def __init__(self, listener: socket.socket, tcp: bool, handle: Callable[[Link, bytes], Any],
-                 push: Callable[[Link], tuple[bytes, bool]], closing: threading.Event, poll_s: float) -> None:
+                 push: Callable[[Link], tuple[bytes, bool]], closing: threading.Event, poll_s: float,
+                 training: Callable[[], bool] = lambda: True) -> None:
         self.listener = listener
+        self.training = training  # whether the run's loop is training now (a held loop has nothing to lose)
         self.tcp = tcp
         self.handle = handle
         self.push = push
@@ -140,7 +142,8 @@ class Reactor:
         self.poll_events = False  # no doorbell: subscribed connections are looked at every poll_s
         self.links: set[Link] = set()
         self.budget = Budget(SERVER_SHARE, BURST_S, time.monotonic())
-        self.stats = {"requests": 0, "delayed": 0, "evicted": 0, "refused": 0, "timed_out": 0, "charged_s": 0.0}
+        self.stats = {"requests": 0, "delayed": 0, "evicted": 0, "refused": 0, "timed_out": 0, "charged_s": 0.0,
+                      "running": 0}  # running: commands on worker threads now
         self.thread_id: int | None = None
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -282,7 +285,7 @@ class Reactor:
             else:
                 refusal = self.admit(link)
                 if refusal is not None:
-                    self._close(link, refusal)
+                    self._close(link, refusal, kind="Busy")
 
     def admit(self, link: Link) -> str | None:
         """Let an authenticated ``link`` take a slot: a free one, else the one idle longest
@@ -303,12 +306,12 @@ class Reactor:
                             "this one was idle longest); reconnect to go on")
         return None
 
-    def _close(self, link: Link, why: str | None = None) -> None:
+    def _close(self, link: Link, why: str | None = None, kind: str = "Closed") -> None:
         if link.closed:
             return
         if why is not None and not link.outbuf:
             try:
-                link.sock.send(closed_line(why))  # best effort: a client that is not reading misses it
+                link.sock.send(closed_line(why, kind))  # best effort: a client that is not reading misses it
             except OSError:
                 pass
         link.closed = True
@@ -397,6 +400,7 @@ class Reactor:
             reply = Final(closed_line("internal error answering the request"))
         if isinstance(reply, Deferred):
             link.busy = True
+            self.stats["running"] += 1
             threading.Thread(target=self._work, args=(link, reply.work), name="workbench-control-command",
                              daemon=True).start()
         else:
@@ -404,19 +408,30 @@ class Reactor:
         self._charge(link, time.thread_time() - started)
 
     def _work(self, link: Link, work: Callable[[], bytes]) -> None:
-        started = time.thread_time()
+        started, training = time.thread_time(), self._training()
         try:
             data = work()
         except BaseException:  # noqa: BLE001 - reported to the client, never to the run's stderr
             log.debug("control: a command failed", exc_info=True)
             data = closed_line("internal error answering the request")
-        self._done.append((link, data, time.thread_time() - started))
+        # A command's CPU is charged when the loop trained meanwhile: a save, a sample or an
+        # inspection of a paused run takes nothing from training, and must not leave the
+        # endpoint owing seconds of budget (every client would wait them out).
+        cost = time.thread_time() - started if training or self._training() else 0.0
+        self._done.append((link, data, cost))
         self.wake()
+
+    def _training(self) -> bool:
+        try:
+            return bool(self.training())
+        except Exception:  # noqa: BLE001 - a Session gone (its proxy dead) trains nothing
+            return False
 
     def _finish_done(self) -> None:
         while self._done:
             link, data, cost = self._done.popleft()
             link.busy = False
+            self.stats["running"] -= 1
             link.budget.charge(cost)  # a worker's CPU is its client's, and the server's
             self.budget.charge(cost)
             if not link.closed:

@@ -41,6 +41,7 @@ from workbench.control.reactor import (
 from workbench.control.replies import PAGE_BYTES, ReplyCache, map_json, ok_line, page
 from workbench.control.requests import check_request
 from workbench.control.series_delta import SeriesVersions
+from workbench.session.loop_hold import LOOP_HELD
 from workbench.session.protocol import SessionLike
 from workbench.session.state import ENDED
 
@@ -130,7 +131,8 @@ class ControlServer:
         self._listener = listener
         self.info = info
         self._reactor = Reactor(listener, tcp=self.port is not None, handle=self._handle, push=self._push,
-                                closing=self._closing, poll_s=POLL_S)
+                                closing=self._closing, poll_s=POLL_S,
+                                training=lambda: self.session.status not in LOOP_HELD)
         self._retire_ended(info["output_dir"])
         write_control(self.output_dir, info)
         with _SERVING_LOCK:
