@@ -161,7 +161,7 @@ def _hammer_one(outdir: str, index: int, active: list, stop: threading.Event, ta
                     with lock:
                         answered[0] += 1
         except (OSError, ValueError, ConnectionError, NoLiveRun):
-            refused += 1
+            refused += not first  # a connection lost after the first round (not the wait for the run to serve)
             time.sleep(0.02)
         finally:
             if sock is not None:
