@@ -250,7 +250,11 @@ def test_hostile_clients_change_nothing_in_the_run(tmp_path, sessions):
             replies = [json.loads(line) for line in data.splitlines()]
             assert [r["id"] for r in replies] == list(range(1000)) and all(r["ok"] for r in replies)
             held += [garbage, deep, stuck, deaf, flood, silent]
+            began, spent = time.monotonic(), session._server.stats()["cpu_s"]
         assert session.wait(120) == Status.FINISHED
+        if crowd:  # never spinning on a client that does not read: the thread stayed within its share
+            spent = session._server.stats()["cpu_s"] - spent
+            assert spent <= reactor.SERVER_SHARE * (time.monotonic() - began) + reactor.BURST_S + 0.1, spent
         for sock in held:
             sock.close()
         return [e["loss"] for e in read_events(out) if e["event"] == "log" and "loss" in e]

@@ -217,7 +217,9 @@ class Reactor:
                     self._expire(now)
                 # The server's budget pays for all of this thread's work, its own bookkeeping included.
                 self.budget.charge(max(time.thread_time() - started, self._served * REQUEST_FLOOR))
-        except Exception:  # noqa: BLE001 - a bug here must not print over the run's output
+        except Exception as exc:  # noqa: BLE001 - a bug: said in one line, the run trains on
+            log.warning("control endpoint stopped answering (%s: %s); the run goes on without it",
+                        type(exc).__name__, exc)
             log.debug("control: the reactor failed", exc_info=True)
         finally:
             self._shutdown()
@@ -364,9 +366,9 @@ class Reactor:
                 return  # everyone waits for the server's budget (_timeout knows for how long)
             link = self._ready.popleft()
             link.queued = False
-            if link.closed or link.busy or link.final or not link.has_line():
-                continue
-            if link.outbuf or now < link.not_before:
+            if link.closed or link.busy or link.final or link.outbuf or not link.has_line():
+                continue  # queued again when its command ends or its replies have left (_flush)
+            if now < link.not_before:
                 self._requeue(link)
                 continue
             wait = link.budget.wait(now)

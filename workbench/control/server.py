@@ -178,7 +178,10 @@ class ControlServer:
             self._accepter.join(grace + 0.5)
         doorbell, self._doorbell = self._doorbell, None
         if doorbell is not None:
-            getattr(self.session, "unsubscribe", lambda q: None)(doorbell)
+            try:
+                self.session.unsubscribe(doorbell)
+            except ReferenceError:  # the Session is gone (this close is its finalizer): nothing rings
+                pass
             _drain(doorbell)
             doorbell.put(None)  # the ringer ends
         if self._listener is not None:
