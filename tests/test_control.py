@@ -177,35 +177,6 @@ def test_every_client_sees_the_others_commands(tmp_path, sessions):
 # -- TCP and stale files -------------------------------------------------------------------------------------
 
 
-def tcp_running(out: Path, sessions: list):
-    """A running Session serving TCP on a free port: (session, control.json, (host, port))."""
-    session = make_session(out, callbacks=[Slow()])
-    session.control_port = 0
-    sessions.append(session.start())
-    wait_for(lambda: (out / CONTROL_FILE).exists(), "control.json")
-    info = read_control(out)
-    host, port = info["tcp"].rsplit(":", 1)
-    return session, info, (host, int(port))
-
-
-def test_tcp_needs_the_token(tmp_path, sessions):
-    out = tmp_path / "run"
-    session, info, (host, port) = tcp_running(out, sessions)
-    assert host == "127.0.0.1" and len(info["token"]) >= 24 and "socket" not in info
-    assert stat.S_IMODE((out / CONTROL_FILE).stat().st_mode) == 0o600
-    with pytest.raises(PermissionError, match="token refused"):
-        attach(f"127.0.0.1:{port}", token="wrong")
-    with pytest.raises(PermissionError, match="token refused"):
-        attach(f"127.0.0.1:{port}")  # no token at all
-    sock = socket.create_connection(("127.0.0.1", int(port)), timeout=10)  # a command before hello
-    sock.sendall(encode({"id": 1, "cmd": "stop"}))
-    assert read_lines(sock)[0]["ok"] is False
-    assert session.status not in (Status.STOPPING, Status.STOPPED)
-    remote = attach(f"127.0.0.1:{port}", token=info["token"])
-    assert remote.status == session.status
-    assert attach(out).snapshot().output_dir == str(out)  # through control.json, token included
-
-
 def test_a_stale_control_file_is_reported_and_replaced(tmp_path, sessions):
     out = tmp_path / "run"
     out.mkdir()

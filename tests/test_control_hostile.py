@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import sys
 import threading
 import time
@@ -30,7 +31,7 @@ from workbench.train.tracking import read_events
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_attach_e2e import headless_run  # noqa: E402 - a workbench run subprocess until its control.json
-from test_control import raw, read_lines, running, sessions, tcp_running, workbench  # noqa: E402,F401 - shared helpers
+from test_control import raw, read_lines, running, sessions, workbench  # noqa: E402,F401 - shared helpers
 from test_session_door import Slow, make_session, wait_for  # noqa: E402 - the shared tiny real Session
 
 REPO = Path(__file__).resolve().parents[1]
@@ -306,7 +307,36 @@ def test_a_flood_is_delayed_never_answered_early_and_the_server_stays_in_its_bud
     assert session.snapshot().step > step + 10, "the run stalled under the flood"
 
 
-# -- slots and deadlines ------------------------------------------------------------------------------------
+# -- TCP: the token, its deadline, the slots -------------------------------------------------------------------
+
+
+def tcp_running(out: Path, sessions: list):
+    """A running Session serving TCP on a free port: (session, control.json, (host, port))."""
+    session = make_session(out, callbacks=[Slow()])
+    session.control_port = 0
+    sessions.append(session.start())
+    wait_for(lambda: (out / CONTROL_FILE).exists(), "control.json")
+    info = read_control(out)
+    host, port = info["tcp"].rsplit(":", 1)
+    return session, info, (host, int(port))
+
+
+def test_tcp_needs_the_token(tmp_path, sessions):
+    out = tmp_path / "run"
+    session, info, (host, port) = tcp_running(out, sessions)
+    assert host == "127.0.0.1" and len(info["token"]) >= 24 and "socket" not in info
+    assert stat.S_IMODE((out / CONTROL_FILE).stat().st_mode) == 0o600
+    with pytest.raises(PermissionError, match="token refused"):
+        attach(f"127.0.0.1:{port}", token="wrong")
+    with pytest.raises(PermissionError, match="token refused"):
+        attach(f"127.0.0.1:{port}")  # no token at all
+    sock = socket.create_connection(("127.0.0.1", int(port)), timeout=10)  # a command before hello
+    sock.sendall(encode({"id": 1, "cmd": "stop"}))
+    assert read_lines(sock)[0]["ok"] is False
+    assert session.status not in (Status.STOPPING, Status.STOPPED)
+    remote = attach(f"127.0.0.1:{port}", token=info["token"])
+    assert remote.status == session.status
+    assert attach(out).snapshot().output_dir == str(out)  # through control.json, token included
 
 
 @pytest.fixture
