@@ -9,8 +9,9 @@ reactor goes on serving the others. What a client may cost the run is bounded tw
   REQUEST_FLOOR: waking this thread costs the training thread a GIL hand-off too, plus
   BYTE_COST a byte sent: the client's side of the machine reads them) against its
   connection's budget (CLIENT_SHARE of one core); the server's budget (SERVER_SHARE) pays
-  for everything this thread and the workers do. A connection over its budget has its next
-  request delayed, not answered early, and when the server's budget is spent every
+  for everything this thread does, and for what the workers do while the loop trains (a
+  save or sample of a paused run takes nothing from training). A connection over its
+  budget has its next request delayed, not answered early; when the server's budget is spent every
   connection waits, served in turn: a flooding client slows itself down, and all clients
   together never take more than SERVER_SHARE of a core (and of the GIL) from the run.
   Nothing is refused for going fast.
