@@ -10,20 +10,29 @@ Modes (each prints one JSON line of results on stdout, ``watch`` one line per ev
   each arrives (``t``: CLOCK_MONOTONIC, the same clock in every process of the machine);
 * ``act OUTDIR --samples N``: send ``set(lr_scale=1.0)`` and ``pause()``/``resume()`` N times
   and print when each was sent;
-* ``series OUTDIR --samples N``: time ``series(points=2000)`` round trips.
+* ``series OUTDIR --samples N``: time ``series(points=2000)`` round trips;
+* ``hammer OUTDIR --threads N``: N aggressive clients (threads, each on its own connection)
+  looping ``snapshot`` (every field and the whole curves), ``series(points=2000)`` and
+  ``events`` from cursor 0 as fast as replies come, reading each reply line without decoding
+  it (the client costs its own machine as little as possible; the run pays for the rest).
+  Prints ``{"ready"}`` once imported; each line on stdin sets how many of them hammer (the
+  others stay connected, idle); an empty line or EOF ends them.
 
-Usage: python benchmarks/_control_client.py MODE OUTDIR [--hz H] [--samples N]
+Usage: python benchmarks/_control_client.py MODE OUTDIR [--hz H] [--samples N] [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import socket
 import statistics
+import sys
+import threading
 import time
 
 from workbench.control.client import RemoteSession, attach
-from workbench.control.discovery import NoLiveRun
+from workbench.control.discovery import NoLiveRun, read_control
 from workbench.session.state import ENDED
 
 
@@ -107,12 +116,99 @@ def series(outdir: str, samples: int) -> None:
     remote.close()
 
 
+_HAMMER = [json.dumps({"id": i, "cmd": cmd, "args": args}).encode() + b"\n" for i, (cmd, args) in enumerate(
+    (("snapshot", {}), ("series", {"points": 2000}), ("events", {"cursor": 0})))]
+
+
+def _hammer_one(outdir: str, index: int, active: list, stop: threading.Event, tally: dict, lock: threading.Condition,
+                answered: list, busy: set) -> None:
+    """One aggressive client: hammers while ``index < active[0]``, idles (connected) otherwise,
+    and reconnects whenever it is closed or refused, until ``stop``."""
+    rounds = replies = size = refused = 0
+    first = True
+    while not stop.is_set():
+        sock = None
+        try:
+            info = read_control(outdir)
+            if info.get("socket"):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.connect(info["socket"])
+            else:
+                host, _, port = str(info["tcp"]).rpartition(":")
+                sock = socket.create_connection((host, int(port)))
+            sock.settimeout(30)
+            reader = sock.makefile("rb")
+            sock.sendall(json.dumps({"id": 0, "cmd": "hello", "args": {"token": info.get("token")}}).encode() + b"\n")
+            if b'"ok":true' not in reader.readline():
+                raise ConnectionError("refused")
+            while not stop.is_set():
+                with lock:
+                    busy.discard(index)
+                    lock.notify_all()
+                    while index >= active[0] and not stop.is_set():
+                        lock.wait()  # idle, connected
+                    busy.add(index)
+                for line in _HAMMER:
+                    sock.sendall(line)
+                    reply = reader.readline()
+                    if not reply:
+                        raise ConnectionError("closed")
+                    replies += 1
+                    size += len(reply)
+                rounds += 1
+                if first:
+                    first = False
+                    with lock:
+                        answered[0] += 1
+        except (OSError, ValueError, ConnectionError, NoLiveRun):
+            refused += not first  # a connection lost after the first round (not the wait for the run to serve)
+            time.sleep(0.02)
+        finally:
+            if sock is not None:
+                sock.close()
+            with lock:
+                busy.discard(index)
+                lock.notify_all()
+    with lock:
+        for key, value in (("rounds", rounds), ("replies", replies), ("bytes", size), ("reconnects", refused)):
+            tally[key] = tally.get(key, 0) + value
+
+
+def hammer(outdir: str, threads: int) -> None:
+    """``threads`` clients, all connected; stdin says how many hammer: a line with a number
+    (``K``: the first K; prints ``{"hammering": n}`` once n of them had a round answered,
+    ``{"phase": replies}`` for the previous phase), an empty line or EOF ends it all."""
+    emit({"ready": True})
+    stop, lock = threading.Event(), threading.Condition()
+    tally: dict = {}
+    answered, active, busy = [0], [0], set()
+    workers = [threading.Thread(target=_hammer_one, args=(outdir, i, active, stop, tally, lock, answered, busy),
+                                daemon=True) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    cpu = time.process_time()
+    while (line := sys.stdin.readline().strip()):
+        with lock:
+            active[0] = int(line)
+            lock.notify_all()
+            # Every thread asked to hammer has had a round answered, and the others are idle.
+            lock.wait_for(lambda: answered[0] >= active[0] and all(i < active[0] for i in busy), timeout=120)
+        emit({"hammering": min(answered[0], active[0])})
+    with lock:
+        stop.set()
+        lock.notify_all()
+    for worker in workers:
+        worker.join(35)
+    emit({**tally, "client_cpu_s": time.process_time() - cpu})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["poll", "watch", "act", "series"])
+    parser.add_argument("mode", choices=["poll", "watch", "act", "series", "hammer"])
     parser.add_argument("outdir")
     parser.add_argument("--hz", type=float, default=10.0)
     parser.add_argument("--samples", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=1)
     ns = parser.parse_args()
     if ns.mode == "poll":
         poll(ns.outdir, ns.hz)
@@ -120,6 +216,8 @@ def main() -> None:
         watch(ns.outdir)
     elif ns.mode == "act":
         act(ns.outdir, ns.samples)
+    elif ns.mode == "hammer":
+        hammer(ns.outdir, ns.threads)
     else:
         series(ns.outdir, ns.samples)
 

@@ -171,100 +171,10 @@ def test_every_client_sees_the_others_commands(tmp_path, sessions):
     session.stop(save=False)
 
 
-# -- hostile clients ---------------------------------------------------------------------------------------
-
-
-def test_bad_messages_get_an_error_and_the_connection_closes(tmp_path, sessions):
-    out = tmp_path / "run"
-    session = running(out, sessions)
-    info = read_control(out)
-    for payload in (b"this is not json\n", b'{"id": 1}\n', b"[1, 2]\n"):
-        sock = raw(info)
-        sock.sendall(payload)
-        replies = read_lines(sock)  # ends only because the server closed the connection
-        assert len(replies) == 1 and replies[0]["ok"] is False and replies[0]["error"]
-        sock.close()
-    sock = raw(info)  # a line over 1 MiB, sent without a newline
-    try:
-        for _ in range(MAX_LINE // 65536 + 2):
-            sock.sendall(b"x" * 65536)
-    except OSError:
-        pass  # closed on us mid-send: also a refusal
-    try:
-        replies = read_lines(sock)
-        assert replies and replies[-1]["ok"] is False and "limit" in replies[-1]["error"]
-    except ConnectionResetError:
-        pass
-    sock.close()
-    # An unknown command is answered, and the connection stays usable.
-    conn = Connection(info)
-    with pytest.raises(ValueError, match="unknown command"):
-        conn.call("launch_missiles")
-    assert conn.call("status")["status"] in ("running", "saving", "evaluating")
-    conn.close()
-    step = session.snapshot().step
-    wait_for(lambda: session.snapshot().step > step + 5, "the run to keep stepping")
-
-
-def test_hostile_clients_change_nothing_in_the_run(tmp_path, sessions):
-    """The same fixed-length run, alone and under a crowd of bad clients, ends with the same losses."""
-    def losses(out: Path, crowd: bool) -> list[float]:
-        session = make_session(out, callbacks=[Slow()], max_steps=120, logging_steps=10)
-        sessions.append(session.start())
-        if crowd:
-            wait_for(lambda: (out / CONTROL_FILE).exists(), "control.json")
-            info = read_control(out)
-            half = raw(info)
-            half.sendall(b'{"id": 1, "cmd": "pau')  # then dies mid-message
-            half.close()
-            garbage = raw(info)
-            garbage.sendall(os.urandom(4096) + b"\n")
-            flood = raw(info)
-            flood.sendall(b"".join(encode({"id": i, "cmd": "status" if i % 2 else "snapshot"}) for i in range(1000)))
-            silent = raw(info)  # connects, never reads a byte of its replies
-            silent.sendall(b"".join(encode({"id": i, "cmd": "snapshot"}) for i in range(200)))
-            got, data = 0, b""
-            while got < 1000:
-                chunk = flood.recv(1 << 20)
-                assert chunk, "the server closed a well-behaved flood"
-                data += chunk
-                got = data.count(b"\n")
-            replies = [json.loads(line) for line in data.splitlines()]
-            assert [r["id"] for r in replies] == list(range(1000)) and all(r["ok"] for r in replies)
-            for s in (garbage, flood, silent):
-                s.close()
-        assert session.wait(120) == Status.FINISHED
-        return [e["loss"] for e in read_events(out) if e["event"] == "log" and "loss" in e]
-
-    quiet = losses(tmp_path / "quiet", crowd=False)
-    crowded = losses(tmp_path / "crowded", crowd=True)
-    assert len(quiet) == 12 and crowded == quiet
+# -- hostile clients: tests/test_control_hostile.py -------------------------------------------------------
 
 
 # -- TCP and stale files -------------------------------------------------------------------------------------
-
-
-def test_tcp_needs_the_token(tmp_path, sessions):
-    out = tmp_path / "run"
-    session = make_session(out, callbacks=[Slow()])
-    session.control_port = 0
-    sessions.append(session.start())
-    wait_for(lambda: (out / CONTROL_FILE).exists(), "control.json")
-    info = read_control(out)
-    host, port = info["tcp"].rsplit(":", 1)
-    assert host == "127.0.0.1" and len(info["token"]) >= 24 and "socket" not in info
-    assert stat.S_IMODE((out / CONTROL_FILE).stat().st_mode) == 0o600
-    with pytest.raises(PermissionError, match="token refused"):
-        attach(f"127.0.0.1:{port}", token="wrong")
-    with pytest.raises(PermissionError, match="token refused"):
-        attach(f"127.0.0.1:{port}")  # no token at all
-    sock = socket.create_connection(("127.0.0.1", int(port)), timeout=10)  # a command before hello
-    sock.sendall(encode({"id": 1, "cmd": "stop"}))
-    assert read_lines(sock)[0]["ok"] is False
-    assert session.status not in (Status.STOPPING, Status.STOPPED)
-    remote = attach(f"127.0.0.1:{port}", token=info["token"])
-    assert remote.status == session.status
-    assert attach(out).snapshot().output_dir == str(out)  # through control.json, token included
 
 
 def test_a_stale_control_file_is_reported_and_replaced(tmp_path, sessions):

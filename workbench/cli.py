@@ -562,6 +562,9 @@ def _attach(ns: argparse.Namespace) -> int:
     if outcome == "detached":
         print(f"workbench: detached; the run goes on ({ns.target})")
         return EXIT_OK
+    if outcome == "crashed":
+        print(f"workbench: the dashboard failed (see above); the run goes on ({ns.target})", file=sys.stderr)
+        return EXIT_FAILED
     note = session.end_note()
     if note:
         print(f"workbench: {note}")
@@ -578,7 +581,13 @@ def _watch(ns: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     from workbench.widgets.tui import run_dashboard
 
-    run_dashboard(session, handle_signals=False, attached=True)
+    try:
+        outcome = run_dashboard(session, handle_signals=False, attached=True)
+    finally:
+        session.close()
+    if outcome == "crashed":  # the watching failed, not the run
+        print(f"workbench: watch failed (see above); the run is not affected ({ns.output_dir})", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 

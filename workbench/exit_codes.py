@@ -26,7 +26,7 @@ OUTCOME_CODES = {
     "aborted": EXIT_INTERRUPTED,    # a second ctrl+c: exit without waiting for the save
     "terminated": EXIT_TERMINATED,  # SIGTERM: stop and save, then exit
     "failed": EXIT_FAILED,
-    "crashed": EXIT_FAILED,         # the dashboard itself failed; the run was stopped and saved
+    "crashed": EXIT_FAILED,         # the dashboard itself failed; a local run was stopped and saved
     "detached": EXIT_OK,            # an attached dashboard left; the run goes on elsewhere
 }
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
-__all__ = ["is_timing_metric", "RECORD_FIELDS", "edit_changes", "CheckpointRow", "MemoryUsage"]
+__all__ = ["is_timing_metric", "RECORD_FIELDS", "ROW_EDITS", "edit_changes", "CheckpointRow", "MemoryUsage"]
 
 
 def is_timing_metric(name: str) -> bool:
@@ -28,6 +28,11 @@ def edit_changes(record: Mapping[str, Any]) -> dict[str, Any]:
     """The edits of a live-edit record, without its step, time and reason."""
     return {k: v for k, v in record.items() if k not in RECORD_FIELDS}
 
+
+# A catalog row carries the newest few live edits of its checkpoint, and their count: every
+# client receives the catalog with each snapshot, and a run with 1,000 edits (long reasons
+# included) made every row megabytes long.
+ROW_EDITS = 5
 
 _Row = TypeVar("_Row")
 
@@ -69,7 +74,8 @@ class CheckpointRow(_PlainRecord):
     best: bool = False
     protected: bool = False
     problem: str | None = None
-    edits: list[dict[str, Any]] = field(default_factory=list)  # live edits up to this checkpoint
+    edits: list[dict[str, Any]] = field(default_factory=list)  # the newest ROW_EDITS live edits up to it
+    edit_count: int = 0  # every live edit up to this checkpoint (its trainer_state.json has them all)
     foreign: bool = False  # written by transformers' Trainer: no manifest, resumable unverified
 
 

@@ -22,7 +22,7 @@ def run_dashboard(session: SessionLike, *, handle_signals: bool = True, attached
     app = DashboardApp(session, handle_signals=handle_signals, attached=attached)
     outcome = app.run()
     if outcome is None and attached:
-        return "detached"  # a dashboard on a run elsewhere never stops it on its own failure
+        return "crashed"  # a dashboard on a run elsewhere never stops it on its own failure
     if outcome is None:
         # The app itself crashed (Textual has printed why): keep the work, stop the run.
         if session.status not in ENDED and session.status != Status.IDLE:

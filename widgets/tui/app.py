@@ -57,7 +57,7 @@ OUTCOMES = (
     "aborted",      # a second ctrl+c: exit without waiting for the save
     "terminated",   # SIGTERM: stop and save, then exit
     "failed",
-    "crashed",      # the dashboard itself failed; the run was stopped and saved
+    "crashed",      # the dashboard itself failed; a local run was stopped and saved, a remote one goes on
     "detached",     # an attached dashboard left; the run goes on where it runs
 )
 
@@ -99,6 +99,7 @@ class DashboardApp(App[str]):
         self._snapshot: Snapshot | None = None
         self._quitting: str | None = None  # the outcome to exit with once the run has stopped
         self._exiting = False
+        self._poll_error: str | None = None  # the last poll's failure, said once
         self._successor_told: SessionLike | None = None  # the successor the poll has asked to follow
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -130,7 +131,20 @@ class DashboardApp(App[str]):
         return self.clock()
 
     def poll(self) -> None:
-        """Show the newest snapshot (a cheap identity check when nothing changed)."""
+        """Show the newest snapshot (a cheap identity check when nothing changed). A reply the
+        dashboard cannot use (an error from a run's endpoint, a broken line) is said once in
+        the event log and the next poll tries again: a bad reply never ends the dashboard."""
+        try:
+            self._poll()
+        except Exception as exc:  # noqa: BLE001 - shown, never fatal
+            text = f"the run's reply could not be shown: {type(exc).__name__}: {exc}"
+            if text != self._poll_error:
+                self._poll_error = text
+                self.log_line("error", text)
+        else:
+            self._poll_error = None
+
+    def _poll(self) -> None:
         snap = self.session.snapshot()
         if snap is not self._snapshot:
             self.title = snap.run_name or "workbench"

@@ -42,8 +42,18 @@ class EventBridge:
             self._thread.start()
 
     def _forward(self) -> None:
+        failed = None  # the last failure, said once: a bad reply never ends the bridge
         while not self._closed.is_set():
-            events, self.cursor = self.session.events_since(self.cursor)
+            try:
+                events, self.cursor = self.session.events_since(self.cursor)
+            except Exception as exc:  # noqa: BLE001 - shown in the event log, then tried again
+                text = f"the run's events could not be read: {type(exc).__name__}: {exc}"
+                if text != failed:
+                    failed = text
+                    self.app.post_message(LogRecordArrived("error", text))
+                self._closed.wait(1.0)
+                continue
+            failed = None
             if events:
                 self.app.post_message(SessionEventsArrived(events, self.generation))
             self._closed.wait(POLL_S)

@@ -81,6 +81,9 @@ def checkpoint_details(info: Any, current_args: dict[str, Any] | None) -> list[s
         lines.append(f"  step {edit.get('step', '?')}: {changes}{why}")
     if not edits:
         lines.append("  (none)")
+    earlier = getattr(info, "edit_count", len(edits)) - len(edits)
+    if earlier > 0:
+        lines.append(f"  [dim]({earlier} earlier edits: the checkpoint's trainer_state.json lists them all)[/]")
 
     saved_args = _read_json(path / "training_args.json")
     lines.append("")

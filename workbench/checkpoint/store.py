@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 
-from workbench.records import CheckpointRow
+from workbench.records import ROW_EDITS, CheckpointRow
 from workbench.train.run_state import WORKBENCH_STATE_NAME
 from workbench.train.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -214,7 +214,8 @@ class CheckpointStore:
             extras = path / WORKBENCH_STATE_NAME
             if extras.is_file():
                 state.update(json.loads(extras.read_text(encoding="utf-8")))
-            info["edits"] = list(state.get("live_edits") or [])
+            edits = list(state.get("live_edits") or [])
+            info["edits"], info["edit_count"] = edits[-ROW_EDITS:], len(edits)
             # HF writes no manifest, no sentinel and no workbench_state.json.
             info["foreign"] = (not info["complete"] and not (path / SENTINEL).exists()
                                and not extras.exists() and _looks_like_hf(path))

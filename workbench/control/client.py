@@ -24,7 +24,7 @@ from workbench.control.protocol import (
 from workbench.control.series_delta import apply_delta
 from workbench.session.state import ENDED, CheckpointRow, MemoryUsage, SessionEvent, Snapshot, Status
 
-__all__ = ["attach", "RemoteSession", "RemoteError", "Connection", "resolve_target"]
+__all__ = ["attach", "RemoteSession", "RemoteError", "Refused", "Dropped", "Connection", "resolve_target"]
 
 _ERRORS = {"ValueError": ValueError, "KeyError": ValueError, "TypeError": ValueError, "TimeoutError": TimeoutError,
            "PermissionError": PermissionError}
@@ -35,6 +35,21 @@ MAX_RESTART_S = 120.0  # how long resume_from / branch wait for a live run to st
 
 class RemoteError(RuntimeError):
     """The server refused the message itself (protocol error, internal error)."""
+
+
+class Refused(NoLiveRun):
+    """The run is there but takes no connection now (every slot is in the middle of a command)."""
+
+
+class Dropped(NoLiveRun):
+    """The run closed this connection, and said why (idle too long, a slot needed, a deadline)."""
+
+
+class _Hangup(NoLiveRun):
+    """The connection closed without a word (the run ended, or closed it before reading a request)."""
+
+
+_IDLE_DEFAULT = 300.0  # what a server that does not say (hello's idle_timeout) is assumed to allow
 
 
 def resolve_target(target: str | Path) -> dict[str, Any]:
@@ -74,7 +89,21 @@ class Connection:
         except OSError as exc:
             where = info.get("socket") or info.get("tcp")
             raise NoLiveRun(f"no live run answers at {where} ({exc.strerror or exc})") from None
-        self.hello = self.call("hello", token=token or info.get("token"))
+        where = info.get("socket") or info.get("tcp")
+        try:
+            self.hello = self.call("hello", token=token or info.get("token"))
+        except PermissionError:  # a wrong token: said as it is
+            self.close()
+            raise
+        except NoLiveRun as exc:  # Refused, Dropped, a hang-up: the run is there but took no connection
+            self.close()
+            raise type(exc)(f"the run at {where} refused the connection: {exc}") from None
+        except (OSError, ProtocolError, RemoteError) as exc:
+            self.close()
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+            raise NoLiveRun(f"the run at {where} did not answer ({why})") from None
+        self.idle_timeout = float(self.hello.get("idle_timeout") or _IDLE_DEFAULT)
+        self.used = time.monotonic()
         if self.hello.get("protocol") != PROTOCOL_VERSION:
             self.close()
             raise RemoteError(f"the run speaks control protocol {self.hello.get('protocol')}, this client "
@@ -93,7 +122,7 @@ class Connection:
                 raise ProtocolError("reply over the line limit")
             chunk = self.sock.recv(65536)
             if not chunk:
-                raise NoLiveRun("the run closed the connection (it has ended, or refused the message)")
+                raise _Hangup("the run closed the connection (it has ended, or refused the message)")
             self._buffer += chunk
         line, self._buffer = bytes(self._buffer[:end]), self._buffer[end + 1:]
         return line
@@ -101,17 +130,35 @@ class Connection:
     def call(self, cmd: str, _wait: float | None = None, **args: Any) -> Any:
         """Send one request and return its result; the server's error as the same exception type."""
         ident = next(self._ids)
+        self.used = time.monotonic()
         self.sock.settimeout(self.timeout)
-        self.sock.sendall(encode({"id": ident, "cmd": cmd, "args": args}))
+        try:
+            self.sock.sendall(encode({"id": ident, "cmd": cmd, "args": args}))
+        except (BrokenPipeError, ConnectionResetError):
+            self._parting_words()
+            raise
         while True:
             reply = decode_reply(self._line(_wait or self.timeout))
             if "event" in reply:  # a subscribed connection interleaves events; requests there are rare
                 continue
             break
+        self.used = time.monotonic()
         if reply.get("ok"):
             return reply.get("result")
-        error = str(reply.get("error", "error"))
-        raise _ERRORS.get(str(reply.get("kind")), RuntimeError if reply.get("kind") == "RuntimeError" else RemoteError)(error)
+        error, kind = str(reply.get("error", "error")), str(reply.get("kind"))
+        if kind in ("Closed", "Busy"):  # the server closes this connection, and says why
+            raise (Dropped if kind == "Closed" else Refused)(error)
+        raise _ERRORS.get(kind, RuntimeError if kind == "RuntimeError" else RemoteError)(error)
+
+    def _parting_words(self) -> None:
+        """The server closed the connection before our request went out: raise what it said
+        on its way out (a refusal, a deadline), if it said anything."""
+        try:
+            reply = decode_reply(self._line(0.5))
+        except (OSError, ProtocolError, NoLiveRun):
+            return
+        if reply.get("kind") in ("Closed", "Busy") and not reply.get("ok"):
+            raise (Dropped if reply["kind"] == "Closed" else Refused)(str(reply.get("error")))
 
     def stream(self, cursor: int = 0, timeout: float | None = None) -> Iterator[tuple[SessionEvent, int]]:
         """Subscribe and yield (event, cursor) as they happen (the backlog after ``cursor`` first)
@@ -198,14 +245,33 @@ class RemoteSession:
             conn.close()
         return True
 
-    def _call_once(self, cmd: str, _wait: float | None, args: dict[str, Any]) -> Any:
+    def _pooled(self) -> Connection | None:
+        """A pooled connection the server has not closed for idleness meanwhile (or None)."""
+        now = time.monotonic()
         with self._pool_lock:
-            conn = self._pool.pop() if self._pool else None
+            while self._pool:
+                conn = self._pool.pop()
+                if now - conn.used < conn.idle_timeout / 2:
+                    return conn
+                conn.close()
+        return None
+
+    def _call_once(self, cmd: str, _wait: float | None, args: dict[str, Any]) -> Any:
+        conn = self._pooled()
+        reused = conn is not None
         if conn is None:
             conn = Connection(self.info, self.token, self.timeout)
         try:
             result = conn.call(cmd, _wait=_wait, **args)
-        except (OSError, ProtocolError, NoLiveRun):
+        except (Dropped, _Hangup, ConnectionResetError, BrokenPipeError):
+            conn.close()
+            # A pooled connection the server closed (idle, or its slot given to another client)
+            # before this request reached it: the server never read it, so it goes again, once,
+            # on a new connection (which fails the same way if the run itself has gone).
+            if not reused:
+                raise
+            return self._call_once(cmd, _wait, args)
+        except (OSError, ProtocolError):
             conn.close()
             raise
         except BaseException:
@@ -307,9 +373,13 @@ class RemoteSession:
             result = self._call("events", cursor=max(0, cursor - offset))
             if self._offset != offset:  # the call followed a restart: read the new run from its start
                 result = self._call("events", cursor=max(0, cursor - self._offset))
+            pages = [result]
+            while result.get("more") and len(pages) < 64:  # replies are pages cut by size
+                result = self._call("events", cursor=int(result["cursor"]))
+                pages.append(result)
         except (NoLiveRun, OSError):
             return self._gone_events(), cursor
-        events = [event_from_dict(e) for e in result["events"]]
+        events = [event_from_dict(e) for page in pages for e in page["events"]]
         followed, self._followed = self._followed, None
         if followed is not None:
             events.insert(0, SessionEvent("followed", 0, time.time(), followed))
@@ -426,7 +496,12 @@ class RemoteSession:
 
     @property
     def checkpoints(self) -> list[CheckpointRow]:
-        return [CheckpointRow.from_dict(r) for r in self._call("checkpoints", action="list")]
+        rows: list[dict[str, Any]] = []
+        while True:  # the catalog comes in pages cut by size
+            page = self._call("checkpoints", action="list", offset=len(rows))
+            rows += page["rows"]
+            if not page.get("more") or not page["rows"]:
+                return [CheckpointRow.from_dict(r) for r in rows]
 
     def delete_checkpoint(self, name: str) -> None:
         self._call("checkpoints", action="delete", name=name)

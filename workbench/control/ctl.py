@@ -1,8 +1,9 @@
 """``workbench ctl OUTDIR COMMAND [ARGS] [--json]``: one command to a live run, from a shell.
 
 Exit codes (workbench/exit_codes.py): 0 done; 2 a bad command or value (the run's own
-one-line refusal); 3 no live run answers (no control.json, a stale one, or nothing
-listening). Printing is here; the talking is the client's.
+one-line refusal); 3 no live run answers (no control.json, a stale one, nothing listening,
+or a run that refused the connection, with its reason). Printing is here; the talking is
+the client's.
 """
 
 from __future__ import annotations
@@ -138,6 +139,9 @@ def run_ctl(target: str, action: str, values: list[str], as_json: bool = False, 
     except PermissionError as exc:  # a wrong token
         print(f"workbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except RemoteError as exc:  # it answers, in another protocol version
+        print(f"workbench: {exc}", file=sys.stderr)
+        return EXIT_NO_RUN
     try:
         result = _execute(session, action, values, wait, save, reason, target)
     except (NoLiveRun, OSError) as exc:

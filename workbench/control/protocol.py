@@ -28,7 +28,7 @@ from typing import Any
 
 from workbench.session.state import CheckpointRow, Intervention, MemoryUsage, SessionEvent, Snapshot, Status
 
-__all__ = ["PROTOCOL_VERSION", "MAX_LINE", "COMMANDS", "ProtocolError", "encode", "decode_request",
+__all__ = ["PROTOCOL_VERSION", "MAX_LINE", "COMMANDS", "ProtocolError", "to_json", "encode", "decode_request",
            "decode_reply", "reply_ok", "reply_error", "snapshot_to_dict", "snapshot_from_dict",
            "event_to_dict", "event_from_dict", "downsample"]
 
@@ -47,10 +47,16 @@ class ProtocolError(ValueError):
     """A message that breaks the protocol (not JSON, too long, wrong shape)."""
 
 
+def to_json(value: Any) -> bytes:
+    """``value`` as compact JSON bytes (no newline, no limit): the pieces replies are made of.
+    NaN/inf are written as JSON5-style ``NaN``/``Infinity`` (Python's json reads them back):
+    a diverged loss must still be reportable."""
+    return json.dumps(value, separators=(",", ":"), default=_plain).encode("utf-8")
+
+
 def encode(message: Mapping[str, Any]) -> bytes:
-    """One message as a JSON line. NaN/inf are written as JSON5-style ``NaN``/``Infinity``
-    (Python's json reads them back): a diverged loss must still be reportable."""
-    data = json.dumps(message, separators=(",", ":"), default=_plain).encode("utf-8") + b"\n"
+    """One message as a JSON line (see to_json); ProtocolError over MAX_LINE."""
+    data = to_json(message) + b"\n"
     if len(data) > MAX_LINE:
         raise ProtocolError(f"message of {len(data)} bytes is over the {MAX_LINE}-byte line limit")
     return data
@@ -74,6 +80,8 @@ def _load(line: bytes | str) -> dict[str, Any]:
         message = json.loads(line)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"not a JSON line ({exc})") from None
+    except RecursionError:  # a line of 5,000 nested brackets: refused, never a traceback
+        raise ProtocolError("not a JSON line (nested too deeply)") from None
     if not isinstance(message, dict):
         raise ProtocolError(f"expected a JSON object, got {type(message).__name__}")
     return message

@@ -1,18 +1,21 @@
 """The control server: a live run's endpoint for ``workbench ctl``, ``attach`` and scripts.
 
-It runs on its own threads on rank 0 and touches the run only through the Session's public
-methods (the same ones the dashboard calls), so every command is checked by the Session's
-own rules and reaches the loop through its queue. Replies and events are read from the
-Session's immutable snapshot and event history. Nothing here ever holds a lock the training
-thread waits on while it talks to a client, so a slow, dead or hostile client can only lose
-its own connection:
+It touches the run only through the Session's public methods (the same ones the dashboard
+calls), so every command is checked by the Session's own rules and reaches the loop through
+its queue. Nothing here holds a lock the training thread waits on while it talks to a
+client, and no client can make the server cost the run more than a bounded share of a core:
 
-- one thread per connection, a bounded number of connections (MAX_CLIENTS);
-- lines are capped at MAX_LINE; a malformed message gets an error reply and the
-  connection is closed;
-- sends time out (SEND_TIMEOUT): a client that stops reading is dropped;
-- commands from all clients are serialized (one at a time into the Session); waiting for
-  a queued save or evaluation happens outside that lock.
+- one thread serves every connection (reactor.py): non-blocking sockets, CPU budgets per
+  connection and for the server (a flooding client's replies are delayed, not computed),
+  slots and deadlines (a token deadline over TCP, an idle timeout, a slot always found for
+  the owner's client);
+- the read commands (snapshot, series, events, status) are answered from the Session's
+  published snapshot and event history, encoded once per published object and shared by
+  every client (replies.py), and bounded in size whatever the run's history;
+- every request is checked whole against its command's schema (requests.py) before
+  anything happens, and a malformed one is an error reply, never a traceback;
+- the commands that may take a while (a save, a pause with wait, a sample, a restart) run
+  on a worker thread each; commands from all clients still reach the Session one at a time.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ import atexit
 import hmac
 import logging
 import os
+import queue
 import secrets
-import select
 import socket
 import threading
 import time
@@ -32,9 +35,13 @@ from typing import Any
 
 from workbench.control.discovery import remove_control, socket_path, write_control
 from workbench.control.protocol import (
-    MAX_LINE, PROTOCOL_VERSION, ProtocolError, decode_request, downsample, encode, event_to_dict, reply_error,
-    reply_ok, snapshot_to_dict)
+    MAX_LINE, PROTOCOL_VERSION, ProtocolError, decode_request, encode, reply_error, reply_ok, to_json)
+from workbench.control.reactor import (
+    IDLE_TIMEOUT, MAX_CLIENTS, SEND_TIMEOUT, Deferred, Final, Link, Reactor)
+from workbench.control.replies import PAGE_BYTES, ReplyCache, map_json, ok_line, page
+from workbench.control.requests import check_request
 from workbench.control.series_delta import SeriesVersions
+from workbench.session.loop_hold import LOOP_HELD
 from workbench.session.protocol import SessionLike
 from workbench.session.state import ENDED
 
@@ -42,10 +49,8 @@ __all__ = ["ControlServer", "MAX_CLIENTS", "SEND_TIMEOUT"]
 
 log = logging.getLogger("workbench")
 
-MAX_CLIENTS = 32
-SEND_TIMEOUT = 10.0  # seconds a client may take to read a reply before it is dropped
-POLL_S = 0.1  # how often a subscribed connection looks for new events
-MAX_WAIT_S = 600.0  # the longest a request may wait for a queued command
+POLL_S = 0.1  # how often subscribed connections look for new events when the Session has no doorbell
+_ANSWERED = (ValueError, RuntimeError, TypeError, KeyError, TimeoutError, OSError)  # the Session's refusals
 
 
 # Every endpoint this process serves: one that outlives its run (a Session started with
@@ -64,24 +69,8 @@ def _close_all() -> None:
 atexit.register(_close_all)
 
 
-class _Refused(Exception):
-    """Close the connection after the error reply (bad token, broken protocol)."""
-
-
-def _bool(args: dict, key: str, default: bool) -> bool:
-    value = args.get(key, default)
-    if not isinstance(value, bool):
-        raise ValueError(f"{key}: expected true or false, got {value!r}")
-    return value
-
-
-def _number(args: dict, key: str, default: float | None, low: float = 0.0, high: float = MAX_WAIT_S) -> float | None:
-    value = args.get(key, default)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise ValueError(f"{key}: expected a number from {low:g} to {high:g}, got {value!r}")
-    return float(value)
+def _error_line(ident: int | None, error: BaseException | str) -> bytes:
+    return encode(reply_error(ident, error))
 
 
 class ControlServer:
@@ -98,19 +87,23 @@ class ControlServer:
         self._listener: socket.socket | None = None
         self._closing = threading.Event()
         self._serial = threading.Lock()  # one command at a time into the Session
-        self._clients: set[threading.Thread] = set()
-        self._clients_lock = threading.Lock()
+        self._reactor: Reactor | None = None
         self._accepter: threading.Thread | None = None
-        self._snap_cache: tuple[Any, dict] | None = None  # (snapshot, its fields but the series)
+        self._doorbell: queue.Queue | None = None  # the Session's events, rung into the reactor
+        self._replies = ReplyCache()  # the read replies, encoded once per published object
         self._series_versions = SeriesVersions()  # what each snapshot poller holds, to send deltas
-        self._handlers: dict[str, Callable[[dict], Any]] = {
+        # Answered on the reactor's thread from the published copies (cheap, never blocking) ...
+        self._inline: dict[str, Callable[[dict, Link], Any]] = {
             "hello": self._hello, "status": self._status, "snapshot": self._snapshot, "events": self._events,
-            "series": self._series, "arguments": lambda a: session.arguments(),
+            "series": self._series, "arguments": lambda a, _: session.arguments(),
+            "validate": self._validate, "parse_overrides": lambda a, _: session.parse_overrides(a["text"]),
+        }
+        # ... and on a worker thread each: these take the Session's lock, read files or wait.
+        self._workers: dict[str, Callable[[dict], Any]] = {
             "memory": lambda a: session.memory().to_dict(), "pause": self._pause,
-            "resume": lambda a: str(session.resume()), "stop": lambda a: str(session.stop(save=_bool(a, "save", True))),
-            "save": self._save, "evaluate": self._evaluate, "validate": self._validate, "set": self._set,
+            "resume": lambda a: str(session.resume()), "stop": lambda a: str(session.stop(save=a["save"])),
+            "save": self._save, "evaluate": self._evaluate, "set": self._set,
             "inspect": lambda a: session.inspect(), "sample": self._sample, "checkpoints": self._checkpoints,
-            "parse_overrides": lambda a: session.parse_overrides(a.get("text", "")),
             "check_branch": self._check_branch,
         }
 
@@ -134,17 +127,27 @@ class ControlServer:
             listener.bind((self.host, self.port))
             info["tcp"] = f"{self.host}:{listener.getsockname()[1]}"
             info["token"] = self.token
-        listener.listen(16)
-        listener.settimeout(0.25)  # the accept loop notices close() this often
+        listener.listen(64)
         self._listener = listener
         self.info = info
+        self._reactor = Reactor(listener, tcp=self.port is not None, handle=self._handle, push=self._push,
+                                closing=self._closing, poll_s=POLL_S,
+                                training=lambda: self.session.status not in LOOP_HELD)
         self._retire_ended(info["output_dir"])
         write_control(self.output_dir, info)
         with _SERVING_LOCK:
             _SERVING.add(self)
-        self._accepter = threading.Thread(target=self._accept_loop, name="workbench-control", daemon=True)
+        self._accepter = threading.Thread(target=self._reactor.run, name="workbench-control", daemon=True)
         self._accepter.start()
         return info
+
+    def stats(self) -> dict[str, Any]:
+        """What the endpoint has done: requests answered and delayed, connections evicted,
+        refused and timed out, open connections, and the CPU seconds its thread used."""
+        reactor = self._reactor
+        if reactor is None:
+            return {}
+        return {**reactor.stats, "connections": reactor.connections(), "cpu_s": reactor.cpu_seconds()}
 
     def _retire_ended(self, output_dir: str) -> None:
         """Close this process's endpoints on ``output_dir`` whose runs have ended: this one replaces them."""
@@ -165,167 +168,100 @@ class ControlServer:
             if self not in _SERVING:
                 return  # closed already (or never started)
             _SERVING.discard(self)
-        with self._clients_lock:
-            attached = any(t.is_alive() for t in self._clients)
-        if attached:  # pollers (the dashboard polls at ~4 Hz) get to read the final snapshot
+        reactor = self._reactor
+        if reactor is not None and reactor.connections():  # pollers (~3 Hz) get to read the final snapshot
             time.sleep(min(grace, 0.3))
         self._closing.set()
+        if reactor is not None:
+            reactor.wake()
         if self._accepter is not None:
-            self._accepter.join(grace)
-        with self._clients_lock:
-            clients = list(self._clients)
-        deadline = time.monotonic() + grace
-        for thread in clients:
-            thread.join(max(deadline - time.monotonic(), 0.0))
+            self._accepter.join(grace + 0.5)
+        doorbell, self._doorbell = self._doorbell, None
+        if doorbell is not None:
+            try:
+                self.session.unsubscribe(doorbell)
+            except ReferenceError:  # the Session is gone (this close is its finalizer): nothing rings
+                pass
+            _drain(doorbell)
+            doorbell.put(None)  # the ringer ends
         if self._listener is not None:
             self._listener.close()
         remove_control(self.output_dir, os.getpid(), endpoint=self.info)
         if "socket" in self.info:
             Path(self.info["socket"]).unlink(missing_ok=True)
 
-    def _accept_loop(self) -> None:
-        assert self._listener is not None
-        while not self._closing.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with self._clients_lock:
-                self._clients = {t for t in self._clients if t.is_alive()}
-                if len(self._clients) >= MAX_CLIENTS:
-                    self._send_quietly(conn, reply_error(None, f"too many clients (at most {MAX_CLIENTS})"))
-                    conn.close()
-                    continue
-                thread = threading.Thread(target=self._serve, args=(conn,), name="workbench-control-client",
-                                          daemon=True)
-                self._clients.add(thread)
-            thread.start()
+    # -- one request -------------------------------------------------------------------------
 
-    # -- one connection ---------------------------------------------------------------------
-
-    def _doorbell(self) -> tuple[socket.socket, Callable[[], None]] | None:
-        """A socket that becomes readable when the Session emits an event, and its closer.
-
-        The Session's subscriber queue is watched by one small thread that rings the bell
-        (one byte on a socketpair), so a subscribed connection wakes at once instead of
-        every POLL_S: command-to-event latency is the network's, not the poll's. None when
-        the session offers no subscribe() (the POLL_S loop then still delivers)."""
-        subscribe = getattr(self.session, "subscribe", None)
-        unsubscribe = getattr(self.session, "unsubscribe", None)
-        if subscribe is None or unsubscribe is None:
-            return None
-        bell, ringer = socket.socketpair()
-        ringer.setblocking(False)
-        events = subscribe(1000)
-
-        def ring() -> None:
-            while events.get() is not None:  # None: the connection closed
-                try:
-                    ringer.send(b"!")
-                except BlockingIOError:
-                    pass  # already rung and not yet read: one ring is enough
-                except OSError:
-                    return
-
-        def close() -> None:
-            unsubscribe(events)  # nothing more arrives: make room, then tell the ringer to end
-            while not events.empty():
-                try:
-                    events.get_nowait()
-                except Exception:  # noqa: BLE001 - emptied meanwhile by the ringer
-                    break
-            events.put(None)
-            bell.close()
-            ringer.close()
-
-        threading.Thread(target=ring, name="workbench-control-bell", daemon=True).start()
-        return bell, close
-
-    def _serve(self, conn: socket.socket) -> None:
-        conn.settimeout(SEND_TIMEOUT)
-        state = {"authed": self.token is None, "subscribed": False, "cursor": 0}
-        buffer = bytearray()
-        doorbell = None
+    def _handle(self, link: Link, line: bytes) -> bytes | Deferred:
+        """Answer one request line of ``link``: the reply, or a Deferred for a worker thread."""
         try:
-            while not self._closing.is_set():
-                if state["subscribed"] and doorbell is None:
-                    doorbell = self._doorbell()
-                watched = [conn] if doorbell is None else [conn, doorbell[0]]
-                ready, _, _ = select.select(watched, [], [], POLL_S)
-                if doorbell is not None and doorbell[0] in ready:
-                    doorbell[0].recv(4096)  # the rings themselves carry nothing
-                readable = conn in ready
-                if readable:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return  # the client hung up (possibly mid-message: the partial line is dropped)
-                    buffer += chunk
-                    while (end := buffer.find(b"\n")) >= 0:
-                        line, buffer = bytes(buffer[:end]), buffer[end + 1:]
-                        if line.strip():
-                            self._answer(conn, line, state)
-                    if len(buffer) > MAX_LINE:
-                        raise _Refused(f"line over the {MAX_LINE}-byte limit")
-                if state["subscribed"]:
-                    self._push_events(conn, state)
-            if state["subscribed"]:  # the run ended: hand over its last events before closing
-                self._push_events(conn, state)
-        except _Refused as exc:
-            self._send_quietly(conn, reply_error(None, str(exc)))
-        except (OSError, ValueError):
-            pass  # a dead or stalled client: only its connection ends
-        finally:
-            if doorbell is not None:
-                doorbell[1]()
-            conn.close()
-
-    def _answer(self, conn: socket.socket, line: bytes, state: dict) -> None:
-        try:
-            ident, cmd, args = decode_request(line)
+            ident, cmd, raw = decode_request(line)
         except ProtocolError as exc:
-            raise _Refused(str(exc)) from None
-        if not state["authed"]:
-            token = args.get("token") if cmd == "hello" else None
+            return Final(_error_line(None, exc))  # a broken line: the connection is closed after the reply
+        if not link.authed:
+            token = raw.get("token") if cmd == "hello" else None
             if not isinstance(token, str) or not hmac.compare_digest(token, self.token or ""):
-                conn.sendall(encode(reply_error(ident, PermissionError("token refused: pass the token from "
-                                                                       "control.json"))))
-                raise _Refused("token refused")
-            state["authed"] = True
-        handler = self._handlers.get(cmd)
-        if handler is None:
-            reply = reply_error(ident, ValueError(f"unknown command {cmd!r}; known: {', '.join(sorted(self._handlers))}"))
-        else:
-            try:
-                result = handler(args)
-                if cmd == "events" and args.get("subscribe"):
-                    state["subscribed"], state["cursor"] = True, result["cursor"]
-                reply = reply_ok(ident, result)
-            except (ValueError, RuntimeError, TypeError, KeyError, TimeoutError, OSError) as exc:
-                reply = reply_error(ident, exc)
-            except Exception as exc:  # noqa: BLE001 - a bug answers one client, never ends the run
-                log.warning("control: %s failed: %s", cmd, exc, exc_info=True)
-                reply = reply_error(ident, f"internal error in {cmd}: {type(exc).__name__}: {exc}")
+                return Final(_error_line(ident, PermissionError("token refused: pass the token from control.json")))
+            refusal = self._reactor.admit(link) if self._reactor is not None else None
+            if refusal is not None:
+                return Final(encode({"id": ident, "ok": False, "error": refusal, "kind": "Busy"}))
         try:
-            data = encode(reply)
-        except ProtocolError as exc:
-            data = encode(reply_error(ident, exc))
-        conn.sendall(data)
-
-    def _push_events(self, conn: socket.socket, state: dict) -> None:
-        events, cursor = self.session.events_since(state["cursor"])
-        state["cursor"] = cursor
-        if events:
-            conn.sendall(b"".join(encode({"event": event_to_dict(e), "cursor": cursor}) for e in events))
+            args = check_request(cmd, raw)
+        except ValueError as exc:
+            return _error_line(ident, exc)
+        inline = self._inline.get(cmd)
+        if inline is not None:
+            return self._reply(ident, cmd, lambda: inline(args, link))
+        work = self._workers[cmd]
+        return Deferred(lambda: self._reply(ident, cmd, lambda: work(args)))
 
     @staticmethod
-    def _send_quietly(conn: socket.socket, message: dict) -> None:
+    def _reply(ident: int, cmd: str, fn: Callable[[], Any]) -> bytes:
+        """The reply line to ``fn()``'s result (bytes: a result encoded already), or its error."""
         try:
-            conn.settimeout(1.0)
-            conn.sendall(encode(message))
-        except OSError:
-            pass
+            result = fn()
+            data = ok_line(ident, result) if isinstance(result, bytes) else encode(reply_ok(ident, result))
+        except ProtocolError as exc:  # a result over the line limit
+            return _error_line(ident, exc)
+        except _ANSWERED as exc:
+            return _error_line(ident, exc)
+        except Exception as exc:  # noqa: BLE001 - a bug answers one client, never ends the run
+            log.warning("control: %s failed: %s", cmd, exc, exc_info=True)
+            return _error_line(ident, f"internal error in {cmd}: {type(exc).__name__}: {exc}")
+        if len(data) > MAX_LINE:
+            return _error_line(ident, ProtocolError(f"the {cmd} reply of {len(data)} bytes is over the "
+                                                    f"{MAX_LINE}-byte line limit"))
+        return data
+
+    def _push(self, link: Link) -> tuple[bytes, bool]:
+        """The event lines a subscribed ``link`` has not had (a page of them), and whether more wait."""
+        try:
+            events, total = self.session.events_since(link.cursor)
+        except (ValueError, ReferenceError):
+            return b"", False
+        first = total - len(events)
+        lines = [b'{"event":%b,"cursor":%d}\n' % (self._replies.event(e), first + i + 1) for i, e in enumerate(events)]
+        count = page(lines)
+        link.cursor = first + count
+        return b"".join(lines[:count]), count < len(lines)
+
+    def _ring_on_events(self) -> None:
+        """Subscribe to the Session's events once, and ring the reactor on each (subscribed
+        connections hear an event at once, not at the next poll)."""
+        if self._doorbell is not None or self._reactor is None:
+            return
+        subscribe = getattr(self.session, "subscribe", None)
+        if subscribe is None or not hasattr(self.session, "unsubscribe"):
+            self._reactor.poll_events = True
+            return
+        events = self._doorbell = subscribe(64)
+        reactor = self._reactor
+
+        def ring() -> None:
+            while events.get() is not None:  # None: the endpoint closed
+                reactor.ring()
+
+        threading.Thread(target=ring, name="workbench-control-bell", daemon=True).start()
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         """Run one Session command; commands from all clients go in one at a time."""
@@ -334,77 +270,70 @@ class ControlServer:
 
     @staticmethod
     def _await(value: Any, args: dict, what: str) -> tuple[bool, Any]:
-        """(done, result) of a command that may have been queued (a Future)."""
+        """(done, result) of a command that may have been queued (a Future); ``wait`` and
+        ``timeout`` were checked with the request."""
         if not hasattr(value, "result"):
             return True, value
-        if not _bool(args, "wait", True):
+        if not args["wait"]:
             return False, None
-        timeout = _number(args, "timeout", 120.0)
         try:
-            return True, value.result(timeout=timeout)
+            return True, value.result(timeout=args["timeout"])
         except TimeoutError:
-            raise TimeoutError(f"{what}: still queued after {timeout:g} s; it runs at the next step end") from None
+            raise TimeoutError(f"{what}: still queued after {args['timeout']:g} s; it runs at the next step end") from None
 
     # -- commands ---------------------------------------------------------------------------
 
-    def _hello(self, args: dict) -> dict:
+    def _hello(self, args: dict, link: Link) -> dict:
         snap = self.session.snapshot()
         return {"protocol": PROTOCOL_VERSION, "pid": os.getpid(), "host": socket.gethostname(),
                 "started": self.info.get("started"), "run_name": snap.run_name, "output_dir": snap.output_dir,
-                "status": str(self.session.status)}
+                "status": str(self.session.status), "idle_timeout": IDLE_TIMEOUT}
 
-    def _status(self, args: dict) -> dict:
+    def _status(self, args: dict, link: Link) -> dict:
         snap = self.session.snapshot()
         return {"status": str(self.session.status), "stop_reason": self.session.stop_reason, "step": snap.step,
                 "max_steps": snap.max_steps, "epoch": snap.epoch, "steps_per_second": snap.steps_per_second,
                 "eta": snap.eta, "loss": snap.latest("loss"), "learning_rate": snap.latest("learning_rate"),
                 "best_metric": snap.best_metric, "run_name": snap.run_name, "output_dir": snap.output_dir}
 
-    def _snapshot(self, args: dict) -> dict:
+    def _snapshot(self, args: dict, link: Link) -> bytes:
+        """The snapshot's fields (encoded once per published snapshot) and its curves: whole,
+        unchanged, or what changed since the version the client holds (series_delta.py)."""
         snap = self.session.snapshot()
-        since = args.get("since")
-        if since is not None and since == snap.updated:
-            return {"unchanged": True}
-        fields = self._snapshot_fields(snap)
-        if not _bool(args, "series", True):
-            return fields
-        # A client that holds the curves gets what changed in them: a few hundred bytes a poll.
-        inserts = args.get("series_delta") == 2  # the client reads deltas with inserted points
-        return {**fields, **self._series_versions.reply(snap.series, args.get("series_since"), inserts)}
+        if args["since"] is not None and args["since"] == snap.updated:
+            return b'{"unchanged":true}'
+        fields = self._replies.fields(snap)
+        if not args["series"]:
+            return fields[:-1] + b',"series":{}}'
+        part = self._series_versions.reply(snap.series, args["series_since"], args["series_delta"] == 2)
+        if "series" in part:
+            body = b'"series_version":%b,"series":%b' % (to_json(part["series_version"]),
+                                                         self._replies.series(snap.series))
+        else:  # unchanged, or a delta: the curves' key is there, empty (as clients before deltas read it)
+            body = map_json(part.items())[1:-1] + b',"series":{}'
+        return fields[:-1] + b"," + body + b"}"
 
-    def _snapshot_fields(self, snap: Any) -> dict:
-        """Everything of ``snap`` but its series, converted once per published snapshot
-        however many clients poll it."""
-        cached = self._snap_cache
-        if cached is not None and cached[0] is snap:
-            return cached[1]
-        data = snapshot_to_dict(snap, series=False)
-        self._snap_cache = (snap, data)
-        return data
+    def _events(self, args: dict, link: Link) -> bytes:
+        """A page of the events after ``cursor`` (``more``: another page follows); with
+        ``subscribe`` the rest, and every later event, arrive as event lines."""
+        events, total = self.session.events_since(args["cursor"])
+        result, cursor = self._replies.events_page(events, total)
+        if args["subscribe"]:
+            link.subscribed, link.cursor = True, cursor
+            self._ring_on_events()
+            if cursor < total and self._reactor is not None:
+                self._reactor.ring()
+        return result
 
-    def _events(self, args: dict) -> dict:
-        cursor = args.get("cursor", 0)
-        events, cursor = self.session.events_since(cursor)
-        return {"events": [event_to_dict(e) for e in events], "cursor": cursor}
-
-    def _series(self, args: dict) -> dict:
-        points = args.get("points", 200)
-        if isinstance(points, bool) or not isinstance(points, int) or not 1 <= points <= 100_000:
-            raise ValueError(f"points: expected a whole number from 1 to 100000, got {points!r}")
-        names = args.get("names")
-        if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
-            raise ValueError("names: expected a list of series names")
-        series = self.session.snapshot().series
-        return {k: downsample(v, points) for k, v in series.items() if names is None or k in names}
+    def _series(self, args: dict, link: Link) -> bytes:
+        return self._replies.series(self.session.snapshot().series, args["points"], args["names"])
 
     def _pause(self, args: dict) -> str:
-        wait = _bool(args, "wait", False)
-        timeout = _number(args, "timeout", 60.0)
-        if not wait:
-            return str(self._call(lambda: self.session.pause()))
-        self._call(lambda: self.session.pause())
+        status = self._call(lambda: self.session.pause())
+        if not args["wait"]:
+            return str(status)
         # The wait itself is outside the command lock: other clients keep being answered.
-        return str(self.session.pause(wait=True, timeout=timeout))
+        return str(self.session.pause(wait=True, timeout=args["timeout"]))
 
     def _save(self, args: dict) -> dict:
         done, path = self._await(self._call(self.session.save), args, "save")
@@ -415,50 +344,42 @@ class ControlServer:
         return {"metrics": metrics} if done else {"queued": True}
 
     @staticmethod
-    def _changes(args: dict) -> dict:
-        changes = args.get("changes")
-        if not isinstance(changes, dict) or not changes:
-            raise ValueError("set: expected changes as an object, e.g. {\"learning_rate\": 1e-4}")
-        return changes
-
-    @staticmethod
     def _reason(args: dict) -> dict:
         """``{"reason": text}`` when the client gave one (a SessionLike without reasons still works)."""
-        reason = args.get("reason")
-        if reason is not None and not isinstance(reason, str):
-            raise ValueError(f"reason: expected text, got {type(reason).__name__}")
-        return {"reason": reason} if reason else {}
+        return {"reason": args["reason"]} if args["reason"] else {}
 
-    def _validate(self, args: dict) -> dict:
-        return self.session.validate_edits(self._changes(args), **self._reason(args))
+    def _validate(self, args: dict, link: Link) -> dict:
+        return self.session.validate_edits(args["changes"], **self._reason(args))
 
     def _set(self, args: dict) -> dict:
-        changes, why = self._changes(args), self._reason(args)
+        changes, why = args["changes"], self._reason(args)
         done, applied = self._await(self._call(lambda: self.session.set(**why, **changes)), args, "set")
         return {"applied": applied} if done else {"queued": True}
 
     def _sample(self, args: dict) -> str:
-        prompt = args.get("prompt")
-        if not isinstance(prompt, str):
-            raise ValueError("sample: expected a prompt string")
-        options = {k: args[k] for k in ("max_new_tokens", "temperature", "top_k", "seed") if k in args}
-        return self._call(lambda: self.session.sample(prompt, **options))
+        options = {k: args[k] for k in ("max_new_tokens", "temperature", "top_k", "seed")}
+        return self._call(lambda: self.session.sample(args["prompt"], **options))
 
     def _checkpoints(self, args: dict) -> Any:
-        action = args.get("action", "list")
+        action = args["action"]
         if action == "list":
-            return [row.to_dict() for row in self.session.checkpoints]
+            return self._catalog_page(args["offset"])
         if action == "delete":
-            name = args.get("name")
-            if not isinstance(name, str):
-                raise ValueError("checkpoints delete: expected a checkpoint name such as checkpoint-40")
+            name = args["name"]
             self._call(lambda: self.session.delete_checkpoint(name))
             return {"deleted": name}
         if action == "resume_from":
             return self._resume_from(args)
-        if action == "branch":
-            return self._branch(args)
-        raise ValueError(f"checkpoints: unknown action {action!r}; use list, delete, resume_from or branch")
+        return self._branch(args)
+
+    def _catalog_page(self, offset: int) -> bytes:
+        """``{"rows": [...], "total": n, "offset": k, "more": bool}``: the catalog from row
+        ``offset``, cut to one page by size (RemoteSession.checkpoints reads every page)."""
+        rows = self.session.checkpoints
+        pieces = [to_json(row.to_dict()) for row in rows[offset:]]
+        count = page(pieces, PAGE_BYTES)
+        more = b"true" if count < len(pieces) else b"false"
+        return b'{"rows":[%b],"total":%d,"offset":%d,"more":%b}' % (b",".join(pieces[:count]), len(rows), offset, more)
 
     def _checkpoint_path(self, args: dict, what: str) -> Path:
         """The checkpoint a request names: a name in the run's output_dir, or a path there."""
@@ -499,7 +420,7 @@ class ControlServer:
         if not isinstance(output_dir, str):
             raise ValueError("checkpoints branch: expected output_dir, the branch's own folder")
         overrides = self._overrides(args, "branch")
-        save = _bool(args, "save", True)
+        save = args["save"]
         branch = self._restartable("branch")
         done, child = self._await(self._call(lambda: branch(path, output_dir, save=save, **overrides)), args,
                                   "branch")
@@ -512,8 +433,12 @@ class ControlServer:
                 "status": str(child.status)}
 
     def _check_branch(self, args: dict) -> dict:
-        overrides = args.get("overrides") or {}
-        if not isinstance(overrides, dict):
-            raise ValueError("check_branch: overrides must be an object")
-        return self.session.check_branch(str(args.get("checkpoint", "")), str(args.get("output_dir", "")),
-                                         **overrides)
+        return self.session.check_branch(args["checkpoint"], args["output_dir"], **args["overrides"])
+
+
+def _drain(q: queue.Queue) -> None:
+    while True:
+        try:
+            q.get_nowait()
+        except queue.Empty:
+            return

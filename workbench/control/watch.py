@@ -16,7 +16,8 @@ from typing import Any
 
 from workbench.control.discovery import NoLiveRun
 from workbench.session.state import (
-    SNAPSHOT_INTERVENTIONS, CheckpointRow, Intervention, MemoryUsage, SeriesStore, SessionEvent, Snapshot, Status)
+    SNAPSHOT_EDITS, SNAPSHOT_INTERVENTIONS, CheckpointRow, Intervention, MemoryUsage, SeriesStore, SessionEvent,
+    Snapshot, Status)
 
 __all__ = ["RecordedRun", "ReadOnly", "open_watch"]
 
@@ -32,6 +33,12 @@ class _Refusing:
 
     def _refuse(self, what: str) -> Any:
         raise RuntimeError(f"{what}: {self.why}")
+
+    def close(self) -> None:
+        """Stop watching (a live run's connections close; the run is not affected)."""
+        remote = getattr(self, "remote", None)
+        if remote is not None:
+            remote.close()
 
     def start(self) -> Any:
         return self
@@ -132,7 +139,8 @@ class RecordedRun(_Refusing):
                 status, error = Status.FAILED, r.get("error")
         elapsed = float(last - first) if isinstance(first, (int, float)) and isinstance(last, (int, float)) else 0.0
         return Snapshot(status=status, step=step, max_steps=max_steps, elapsed=elapsed, series=series.frozen(),
-                        checkpoints=tuple(self._rows), edits=tuple(edits), error=error,
+                        checkpoints=tuple(self._rows), edits=tuple(edits[-SNAPSHOT_EDITS:]), edit_count=len(edits),
+                        error=error,
                         interventions=tuple(interventions[-SNAPSHOT_INTERVENTIONS:]),
                         guard_interventions=len(interventions), run_name=run_name,
                         output_dir=str(self.output_dir), updated=float(last or 0.0))

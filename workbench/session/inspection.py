@@ -1,7 +1,10 @@
 """Looking inside a paused run: per-layer statistics and samples from a causal LM.
 
 These read the model's tensors, so they host-sync freely; they are meant for a paused
-run (or the end of one), never for the training hot path.
+run (or the end of one), never for the training hot path. Sampling runs only then (the
+Session refuses it while the loop trains: it switches the model to eval mode and draws
+from the RNG the loop uses), and it is capped at MAX_SAMPLE_TOKENS new tokens, so a
+sample holds a paused run for a bounded time.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ from workbench.train.model_kinds import model_kind
 from workbench.train.trainer_utils import unwrap_model
 
 
-__all__ = ["inspect_model", "sample_text", "can_sample"]
+__all__ = ["inspect_model", "sample_text", "can_sample", "check_sample_options", "MAX_SAMPLE_TOKENS"]
+
+MAX_SAMPLE_TOKENS = 1024  # new tokens one sample may ask for: a resume or stop waits for a sample to end
+_MAX_TEMPERATURE = 100.0
 
 Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
@@ -76,9 +82,36 @@ def can_sample(trainer: "Trainer") -> bool:
     return hasattr(model, "generate") and causal and trainer.processing_class is not None
 
 
+def _bad(key: str, expected: str, value: Any) -> ValueError:
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    return ValueError(f"sample: {key}: expected {expected}, got {shown}")
+
+
+def check_sample_options(prompt: Any, max_new_tokens: Any = 64, temperature: Any = 0.8, top_k: Any = 20,
+                         seed: Any = 0) -> dict[str, Any]:
+    """The options of a sample, checked (one line naming the first bad one); returns them as
+    sample_text takes them. The one rule, for the Session and the control server alike."""
+    if not isinstance(prompt, str) or not prompt:
+        raise _bad("prompt", "some text to continue", prompt)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not (
+            1 <= max_new_tokens <= MAX_SAMPLE_TOKENS):
+        raise _bad("max_new_tokens", f"a whole number from 1 to {MAX_SAMPLE_TOKENS}", max_new_tokens)
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature != temperature
+            or not 0 <= temperature <= _MAX_TEMPERATURE):
+        raise _bad("temperature", f"a number from 0 (greedy) to {_MAX_TEMPERATURE:g}", temperature)
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise _bad("top_k", "a whole number >= 1, or null for no limit", top_k)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise _bad("seed", "a whole number >= 0", seed)
+    return {"prompt": prompt, "max_new_tokens": max_new_tokens, "temperature": float(temperature), "top_k": top_k,
+            "seed": seed}
+
+
 def sample_text(trainer: "Trainer", prompt: str, max_new_tokens: int = 64, temperature: float = 0.8,
                 top_k: int | None = 20, seed: int = 0) -> str:
-    """Generate a continuation of ``prompt`` with the model and the trainer's processing class."""
+    """Generate a continuation of ``prompt`` with the model and the trainer's processing class
+    (the options checked by check_sample_options first)."""
+    check_sample_options(prompt, max_new_tokens, temperature, top_k, seed)
     model = unwrap_model(trainer.model)
     tokenizer = trainer.processing_class
     if tokenizer is None or not hasattr(model, "generate"):
@@ -88,6 +121,13 @@ def sample_text(trainer: "Trainer", prompt: str, max_new_tokens: int = 64, tempe
     ids = torch.as_tensor(ids, dtype=torch.long, device=trainer.accelerator.device)
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)
+    if ids.shape[1] == 0:
+        raise ValueError("sample: the prompt gave no tokens; type some text the tokenizer knows")
+    config = getattr(model, "config", None)
+    context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+    if isinstance(context, int) and ids.shape[1] + max_new_tokens > context:
+        raise ValueError(f"sample: the prompt's {ids.shape[1]} tokens plus max_new_tokens {max_new_tokens} exceed "
+                         f"the model's context of {context} tokens; ask for at most {max(context - ids.shape[1], 0)}")
     was_training = model.training
     model.eval()
     try:

@@ -17,7 +17,8 @@ from typing import Any
 
 from workbench.records import CheckpointRow, MemoryUsage, edit_changes, is_timing_metric
 
-__all__ = ["Status", "ENDED", "Snapshot", "SessionEvent", "CheckpointRow", "MemoryUsage", "Intervention", "SNAPSHOT_INTERVENTIONS", "SeriesStore",
+__all__ = ["Status", "ENDED", "Snapshot", "SessionEvent", "CheckpointRow", "MemoryUsage", "Intervention", "SNAPSHOT_INTERVENTIONS",
+           "SNAPSHOT_EDITS", "SeriesStore",
            "is_timing_metric", "edit_changes"]
 
 
@@ -100,6 +101,9 @@ Point = tuple[int, float]
 # A snapshot lists at most this many interventions (the newest): every poll of every client
 # carries the list, and a run without max_interventions may pile up thousands.
 SNAPSHOT_INTERVENTIONS = 256
+# The same for live edits: the newest ones (edit_count counts all; events.jsonl and the
+# trainer state keep every one). 1,000 edits with long reasons made every snapshot too big to send.
+SNAPSHOT_EDITS = 50
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,8 @@ class Snapshot:
     best_step: int | None = None
     memory: MemoryUsage | None = None
     checkpoints: tuple[CheckpointRow, ...] = ()
-    edits: tuple[dict[str, Any], ...] = ()
+    edits: tuple[dict[str, Any], ...] = ()  # the newest SNAPSHOT_EDITS live edits, oldest first
+    edit_count: int = 0  # every live edit of the run
     guard_interventions: int = 0  # non-finite/spiking steps the guard acted on (train/guard.py)
     interventions: tuple[Intervention, ...] = ()  # the newest SNAPSHOT_INTERVENTIONS of them, oldest first
     error: str | None = None  # "BoomError: ..." once the run failed

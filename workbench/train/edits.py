@@ -71,7 +71,7 @@ _WHOLE = ("max_steps", "logging_steps", "eval_steps", "save_steps")
 
 
 # The keys of a live-edit record that are not edits: when and why it was made.
-MAX_REASON = 1000  # characters: a reason is a sentence for the record, not a log
+MAX_REASON = 500  # characters: a reason is a sentence for the record, not a log
 
 
 def check_reason(reason: Any) -> str | None:

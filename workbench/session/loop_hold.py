@@ -1,0 +1,49 @@
+"""Reading the model from another thread (inspect, sample) without stalling the training loop.
+
+The Session's lock is the one its training thread takes to publish a snapshot (several times
+a second) and to leave a pause. Holding it keeps a paused loop at its step boundary, which
+is what a consistent reading needs; holding it while the loop trains stalls training for
+as long as the reading takes (a 20,000-token sample held a run 17 s without a step). So:
+
+- while the loop is held (paused, not started, ended), the reading runs under the lock: the
+  loop cannot leave the boundary until it is done (a resume or stop waits for it; a sample
+  is capped, see session/inspection.py);
+- while the loop trains, ``inspect`` reads without the lock (a live reading: it never
+  blocks a step, its numbers may straddle one), and ``sample`` is refused with one line:
+  it switches the model to eval mode and draws from the RNG the loop uses, so it would
+  change the run it samples from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from workbench.session.state import ENDED, Status
+
+__all__ = ["LOOP_HELD", "reading_the_model"]
+
+Session = Any  # annotations only: Session imports this module
+
+# The statuses in which the training loop is not running a step.
+LOOP_HELD = frozenset({Status.PAUSED, Status.IDLE, *ENDED})
+
+
+@contextlib.contextmanager
+def reading_the_model(session: "Session", what: str, live_ok: bool) -> Iterator[None]:
+    """Hold the loop at its boundary for the body when it is held already; otherwise run the
+    body without touching the lock (``live_ok``) or refuse with RuntimeError saying to pause first."""
+    status = session._status  # read without the lock: a training loop never waits for this
+    if status in LOOP_HELD:
+        lock = session._lock
+        with lock:
+            if session._status in LOOP_HELD:  # still held, and now it cannot leave until the body ends
+                yield
+                return
+            status = session._status
+    if not live_ok:
+        raise RuntimeError(f"{what}: the run is {status}; pause it first (session.pause(wait=True), "
+                           f"workbench ctl OUTDIR pause --wait, or p in the dashboard): {what} reads the model "
+                           "between steps only")
+    yield
