@@ -612,7 +612,7 @@ def test_catalog_rows_cli_and_no_hashing(tmp_path, monkeypatch, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in printed] == ["checkpoint-2", "checkpoint-4"]
     assert set(printed[0]) == {"name", "path", "step", "epoch", "metrics", "size", "created", "complete",
-                               "verified", "best", "protected", "problem", "edits", "foreign"}
+                               "verified", "best", "protected", "problem", "edits", "edit_count", "foreign"}
     assert printed[1]["metrics"]["eval_loss"] == evals[4]["eval_loss"]
     assert printed[1]["size"] == rows[1].size
     assert cli_main(["checkpoints", str(tmp_path)]) == 0

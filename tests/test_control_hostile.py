@@ -188,7 +188,7 @@ def test_every_argument_of_every_command_is_checked_before_anything_happens(tmp_
     wait_for(lambda: "saved" in [e.kind for e in session.events_since(0)[0]], "the save's event")
     remote = attach(out)
     before_events = session.events_since(0)[1]
-    edits, rows = list(session.trainer.state.live_edits), [r.name for r in session.checkpoints]
+    edits, rows = list(session.trainer.workbench_state.live_edits), [r.name for r in session.checkpoints]
     requests = _wrong_requests(_valid(tmp_path, checkpoint))
     assert len(requests) > 150 and {cmd for cmd, _, _ in requests} >= {*SCHEMAS, "checkpoints"}
     conn = Connection(read_control(out))
@@ -200,7 +200,7 @@ def test_every_argument_of_every_command_is_checked_before_anything_happens(tmp_
         assert named and "\n" not in said, (cmd, args, said)
     time.sleep(0.5)  # anything queued by mistake would land at the next step ends
     assert session.status == Status.RUNNING and not session.trainer.stop_request.is_set()
-    assert session.trainer.state.live_edits == edits, "a refused set still edited the run"
+    assert session.trainer.workbench_state.live_edits == edits, "a refused set still edited the run"
     assert [r.name for r in session.checkpoints] == rows, "a refused save or delete still acted"
     assert not (tmp_path / "branch").exists()
     kinds = [e.kind for e in session.events_since(before_events)[0]]
