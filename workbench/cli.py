@@ -393,18 +393,15 @@ def _build_trainer(ns: argparse.Namespace, run):
 
     try:
         return build_trainer(run)
-    except DataFileError as exc:  # names its file and line itself
-        raise UsageError(str(exc)) from None
-    except (ValueError, RuntimeError, FileNotFoundError) as exc:
-        raise UsageError(f"{ns.config}: {exc}") from None
+    except (ValueError, RuntimeError, FileNotFoundError) as exc:  # a DataFileError names its file and line
+        raise UsageError(str(exc) if isinstance(exc, DataFileError) else f"{ns.config}: {exc}") from None
 
 
 def _train(ns: argparse.Namespace, run, trainer, resume: object) -> int:
     from workbench.config.loader import write_resolved_config
-
-    output_dir = Path(run.training.output_dir)
     from workbench.distributed.signals import install_stop_handlers
 
+    output_dir = Path(run.training.output_dir)
     main_rank = trainer.is_world_process_zero()
     if main_rank:
         write_resolved_config(run, output_dir)
