@@ -612,12 +612,18 @@ def test_catalog_rows_cli_and_no_hashing(tmp_path, monkeypatch, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in printed] == ["checkpoint-2", "checkpoint-4"]
     assert set(printed[0]) == {"name", "path", "step", "epoch", "metrics", "size", "created", "complete",
-                               "verified", "best", "protected", "problem", "edits", "edit_count", "foreign"}
+                               "verified", "best", "protected", "problem", "edits", "edit_count", "foreign",
+                               "state", "hashes_checked"}
     assert printed[1]["metrics"]["eval_loss"] == evals[4]["eval_loss"]
     assert printed[1]["size"] == rows[1].size
+    # The command verifies the hashes: the flipped byte shows, and the damaged one is not complete.
+    assert (printed[0]["state"], printed[0]["complete"], printed[0]["verified"]) == ("DAMAGED", False, False)
+    assert "model.safetensors" in printed[0]["problem"] and printed[0]["hashes_checked"] is True
+    assert (printed[1]["state"], printed[1]["complete"], printed[1]["verified"]) == ("verified", True, True)
     assert cli_main(["checkpoints", str(tmp_path)]) == 0
     table = capsys.readouterr().out
-    assert "checkpoint-2" in table and "checkpoint-4" in table and "*best" in table and "complete" in table
+    assert "checkpoint-2" in table and "checkpoint-4" in table and "*best" in table and "complete" not in table
+    assert "DAMAGED" in table and "verified" in table
     assert cli_main(["checkpoints", str(tmp_path / "missing")]) == 2
 
 

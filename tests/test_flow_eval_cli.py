@@ -703,12 +703,12 @@ def test_cli_init_run_refuse_resume_overwrite_checkpoints(tmp_path):
 
     code, stdout, stderr = finish(table)
     assert code == 0, stderr
-    assert "checkpoint-5" in stdout and "complete" in stdout and "eval_loss=" in stdout
+    assert "checkpoint-5" in stdout and "verified" in stdout and "eval_loss=" in stdout  # hashes checked
     code, stdout, stderr = finish(as_json)
     assert code == 0, stderr
     rows = json.loads(stdout)
     assert [r["name"] for r in rows] == ["checkpoint-5"]
-    assert rows[0]["step"] == 5 and rows[0]["complete"] is True
+    assert rows[0]["step"] == 5 and rows[0]["complete"] is True and rows[0]["verified"] is True
     assert "eval_loss" in rows[0]["metrics"]
 
     # --resume continues from checkpoint-5 to a larger max_steps.

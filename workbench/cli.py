@@ -1,7 +1,8 @@
 """``workbench run | ctl | attach | watch | checkpoints | init``.
 
-Exit codes (DESIGN.md): 0 finished; 2 usage or config error (one line on stderr); 1
-training failed (traceback on stderr and in events.jsonl); 130 Ctrl-C; 143 SIGTERM.
+Exit codes (DESIGN.md): 0 finished; 2 usage or config error (one line on stderr, nothing
+written); 1 training failed (a traceback, or one line for a full or read-only disk; the
+error record in events.jsonl); 130 Ctrl-C; 143 SIGTERM.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import shutil
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 from workbench.exit_codes import (  # noqa: F401 - re-exported for callers of the CLI
     EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO_RUN, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE, OUTCOME_CODES, run_exit_code)
-from workbench.records import is_timing_metric
 
 __all__ = ["main"]
 
@@ -84,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     ckpt = sub.add_parser("checkpoints", help="list the checkpoints of an output directory")
     ckpt.add_argument("output_dir")
     ckpt.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ckpt.add_argument("--quick", action="store_true",
+                      help="check each checkpoint's file sizes only, not its sha256 hashes (fast on large "
+                           "checkpoints; the state column then says the hashes were not checked)")
     ckpt.add_argument("--reseal", metavar="NAME", default=None,
                       help="accept a checkpoint's files as they are now (e.g. resharded weights): list what "
                            "differs from its manifest, then rewrite the manifest")
@@ -164,6 +166,7 @@ def _launch(ns: argparse.Namespace, argv: list[str]) -> int:
     from workbench.checkpoint.lock import OWNER_ENV
 
     run = _load_run_config(ns)
+    _check_control(ns, run)
     # The parent holds the output_dir's lock for the whole run; rank 0 recognises it as its own.
     with _owned_output_dir(run, ns):
         try:
@@ -185,15 +188,8 @@ def _init(ns: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _human_size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def _checkpoints(ns: argparse.Namespace) -> int:
+    from workbench.checkpoint.listing import json_rows, table_lines, verified_rows
     from workbench.checkpoint.store import CheckpointStore
 
     root = Path(ns.output_dir)
@@ -201,38 +197,23 @@ def _checkpoints(ns: argparse.Namespace) -> int:
         raise UsageError(f"{root} is not a directory; pass a run's output_dir")
     if ns.reseal is not None:
         return _reseal(CheckpointStore(root), ns.reseal)
-    rows = CheckpointStore(root).list()
+    rows = verified_rows(CheckpointStore(root), quick=ns.quick)
     if ns.json:
-        print(json.dumps([r.to_dict() for r in rows], indent=2))
-        return EXIT_OK
-    if not rows:
+        print(json.dumps(json_rows(rows, quick=ns.quick), indent=2))
+    elif not rows:
         print(f"no checkpoints in {root}")
-        return EXIT_OK
-    header = f"{'name':<20} {'step':>7} {'epoch':>6} {'size':>9} {'created':<19} {'state':<10} metrics"
-    print(header)
-    for r in rows:
-        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created)) if r.created else "-"
-        state = "complete" if r.complete else "incomplete"
-        metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items()) if not is_timing_metric(k))
-        epoch = f"{r.epoch:.2f}" if r.epoch is not None else "-"
-        marker = " *best" if r.best else ""
-        print(f"{r.name:<20} {r.step:>7} {epoch:>6} {_human_size(r.size):>9} {created:<19} {state:<10} {metrics}{marker}")
+    else:
+        print("\n".join(table_lines(rows, quick=ns.quick)))
     return EXIT_OK
 
 
 def _reseal(store, name: str) -> int:
-    folder = store.root / name
-    if not folder.is_dir():
-        names = ", ".join(row.name for row in store.list()) or "none"
-        raise UsageError(f"--reseal: {folder} does not exist; checkpoints in {store.root}: {names}")
+    from workbench.checkpoint.listing import reseal_lines
+
     try:
-        changed = store.reseal(folder)
+        print("\n".join(reseal_lines(store, name)))
     except ValueError as exc:
         raise UsageError(f"--reseal: {exc}") from None
-    for rel, what in changed:
-        print(f"{rel}: {what}")
-    print(f"resealed {folder}: {len(changed)} difference(s) accepted" if changed
-          else f"resealed {folder}: its files already matched the manifest")
     return EXIT_OK
 
 
@@ -313,16 +294,28 @@ def _claim_output_dir(output_dir: Path) -> "OutputDirLock | None":
 
 
 @contextlib.contextmanager
-def _owned_output_dir(run, ns: argparse.Namespace) -> Iterator[object]:
-    """Check the output_dir and ``--resume`` (nothing created on a refusal), then hold the
-    folder's lock while the block runs; yields what to pass as resume_from_checkpoint."""
+def _owned_output_dir(run, ns: argparse.Namespace, prepare=None) -> Iterator[tuple[object, object]]:
+    """Check the output_dir and ``--resume`` (nothing created on a refusal), run ``prepare``
+    (building the Trainer: model and data, all checked) while nothing is written yet, then
+    hold the folder's lock for the block; yields (resume_from_checkpoint, prepare's result)."""
+    from workbench.checkpoint.lock import OutputDirBusy, check_not_busy, check_writable
+    from workbench.distributed.world import is_main_process
+
     output_dir = Path(run.training.output_dir)
     resume, clear = _plan_output_dir(output_dir, ns.resume, ns.overwrite)
+    if prepare is not None:
+        try:
+            if is_main_process():  # the others' folder is rank 0's: it has the lock
+                check_not_busy(output_dir)
+            check_writable(output_dir, create=False)
+        except (OutputDirBusy, OSError) as exc:
+            raise UsageError(str(exc) if isinstance(exc, OutputDirBusy) else f"training.{exc}") from None
+    prepared = prepare() if prepare is not None else None
     lock = _claim_output_dir(output_dir)
     try:
         if clear:
             _clear_checkpoints(output_dir)
-        yield resume
+        yield resume, prepared
     finally:
         if lock is not None:
             lock.release()
@@ -373,22 +366,46 @@ def _load_run_config(ns: argparse.Namespace):
 def _run(ns: argparse.Namespace) -> int:
     run = _load_run_config(ns)
     _join_world(run)
-    with _owned_output_dir(run, ns) as resume:
-        return _train(ns, run, resume)
+    _check_control(ns, run)
+    # The model and the data are built and checked before anything is written into
+    # output_dir: a broken data file or a bad argument leaves no folder behind.
+    with _owned_output_dir(run, ns, prepare=lambda: _build_trainer(ns, run)) as (resume, trainer):
+        return _train(ns, run, trainer, resume)
 
 
-def _train(ns: argparse.Namespace, run, resume: object) -> int:
-    from workbench.config.loader import write_resolved_config
+def _check_control(ns: argparse.Namespace, run) -> None:
+    """The TCP endpoint asked for (on the command line, else in ``[training]``) is checked and
+    its port bound once now, before anything is written (rank 0 serves it)."""
+    from workbench.distributed.world import is_main_process
 
-    config_path = Path(ns.config)
-    output_dir = Path(run.training.output_dir)
-    from workbench.config.build import build_trainer
-    from workbench.distributed.signals import install_stop_handlers
+    if ns.no_control or run.training.control is False or not is_main_process():
+        return
+    from workbench.control.endpoint_check import EndpointError, check_run_endpoint
 
     try:
-        trainer = build_trainer(run)
-    except (ValueError, RuntimeError, FileNotFoundError) as exc:
-        raise UsageError(f"{config_path}: {exc}") from None
+        warning = check_run_endpoint(ns.control_port, ns.control_host, run.training)
+    except EndpointError as exc:
+        raise UsageError(str(exc)) from None
+    if warning:
+        print(f"workbench: {warning}", file=sys.stderr)
+
+
+def _build_trainer(ns: argparse.Namespace, run):
+    """The run's Trainer (model, data, hooks); a problem in them is a one-line usage error."""
+    from workbench.config.build import build_trainer
+    from workbench.data.file_errors import DataFileError
+
+    try:
+        return build_trainer(run)
+    except (ValueError, RuntimeError, FileNotFoundError) as exc:  # a DataFileError names its file and line
+        raise UsageError(str(exc) if isinstance(exc, DataFileError) else f"{ns.config}: {exc}") from None
+
+
+def _train(ns: argparse.Namespace, run, trainer, resume: object) -> int:
+    from workbench.config.loader import write_resolved_config
+    from workbench.distributed.signals import install_stop_handlers
+
+    output_dir = Path(run.training.output_dir)
     main_rank = trainer.is_world_process_zero()
     if main_rank:
         write_resolved_config(run, output_dir)
@@ -434,11 +451,10 @@ def _train(ns: argparse.Namespace, run, resume: object) -> int:
     except KeyboardInterrupt:
         print("\nworkbench: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception:
-        traceback.print_exc()
-        print(f"workbench: training failed; details in {Path(current().args.output_dir) / 'events.jsonl'}",
-              file=sys.stderr)
-        return EXIT_FAILED
+    except Exception as exc:
+        from workbench.control.failure_report import report_failure
+
+        return report_failure(exc, Path(current().args.output_dir))
     finally:
         restore()
     if current() is not trainer:  # the run was branched: report on the branch
@@ -524,10 +540,11 @@ def _run_dashboard(ns: argparse.Namespace, trainer, resume: object, output_dir: 
     output_dir = Path(run.trainer.args.output_dir)
     step = run.snapshot().step
     if outcome == "failed" or run.error is not None:
-        error = run.error
-        if error is not None:
-            traceback.print_exception(error)
-        print(f"workbench: training failed; details in {output_dir / 'events.jsonl'}", file=sys.stderr)
+        from workbench.control.failure_report import recorded_in, report_failure
+
+        if run.error is not None:
+            return report_failure(run.error, output_dir)
+        print(f"workbench: training failed{recorded_in(output_dir)}", file=sys.stderr)
         return EXIT_FAILED
     if outcome == "crashed":
         print(f"workbench: the dashboard failed; the run was stopped at step {step} and saved in {output_dir}",

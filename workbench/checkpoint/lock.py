@@ -25,7 +25,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["LOCK_NAME", "OWNER_ENV", "OutputDirBusy", "OutputDirLock", "hold_output_dir", "check_writable", "pid_alive"]
+__all__ = ["LOCK_NAME", "OWNER_ENV", "OutputDirBusy", "OutputDirLock", "hold_output_dir", "check_not_busy",
+           "check_writable", "pid_alive"]
 
 log = logging.getLogger("workbench")
 
@@ -45,6 +46,17 @@ def _holder_text(holder: dict) -> str:
     started = holder.get("started")
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else "?"
     return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, started {when}"
+
+
+def _busy_text(root: Path, holder: dict) -> str:
+    return (f"{root} is in use by another run ({_holder_text(holder)}); wait for it to finish, stop it, "
+            "or choose another output_dir")
+
+
+def _held_by_launcher(holder: dict) -> bool:
+    """Whether the holder is this rank's own launcher (``workbench run --num-processes``)."""
+    owner = os.environ.get(OWNER_ENV)
+    return bool(owner) and str(holder.get("pid")) == owner and holder.get("host") == socket.gethostname()
 
 
 def _read(fd: int) -> dict:
@@ -96,14 +108,11 @@ class OutputDirLock:
             except BlockingIOError:
                 holder = _read(fd)
                 os.close(fd)
-                owner = os.environ.get(OWNER_ENV)
-                if owner and str(holder.get("pid")) == owner and holder.get("host") == socket.gethostname():
+                if _held_by_launcher(holder):
                     self.inherited = True
                     self._register()
                     return None
-                raise OutputDirBusy(
-                    f"{self.root} is in use by another run ({_holder_text(holder)}); wait for it to finish, stop it, "
-                    "or choose another output_dir") from None
+                raise OutputDirBusy(_busy_text(self.root, holder)) from None
             except OSError as exc:
                 if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                     os.close(fd)
@@ -125,8 +134,7 @@ class OutputDirLock:
         if holder and holder.get("host") == socket.gethostname() and pid_alive(holder.get("pid")) \
                 and holder.get("pid") != os.getpid():
             os.close(fd)
-            raise OutputDirBusy(f"{self.root} is in use by another run ({_holder_text(holder)}); wait for it to "
-                                "finish, stop it, or choose another output_dir")
+            raise OutputDirBusy(_busy_text(self.root, holder))
         return self._claim(fd)
 
     def _claim(self, fd: int) -> str | None:
@@ -159,9 +167,38 @@ class OutputDirLock:
             return
         try:
             self.path.unlink(missing_ok=True)
+        except OSError as exc:
+            # A folder gone read-only (or removed) under the run: the flock still ends with the
+            # fd, the next run takes the file over, and whatever ended this run is the news.
+            log.debug("could not remove %s: %s", self.path, exc)
         finally:
             os.close(self._fd)
             self._fd = None
+
+
+def check_not_busy(output_dir: str | os.PathLike) -> None:
+    """Raise :class:`OutputDirBusy` when a live run holds ``output_dir``'s lock; creates and
+    changes nothing. A look before slow work (building the model, loading data): the lock
+    itself is taken afterwards, by :meth:`OutputDirLock.acquire`, which decides for good."""
+    import fcntl
+
+    root = Path(output_dir)
+    try:
+        fd = os.open(root / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return  # no lock file (no run, or none yet): nothing holds the folder
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # refused while a holder has it exclusively
+    except BlockingIOError:
+        holder = _read(fd)
+        if not _held_by_launcher(holder):
+            raise OutputDirBusy(_busy_text(root, holder)) from None
+    except OSError:
+        pass  # a filesystem without locks: acquire() decides by the pid
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 @contextmanager
@@ -179,7 +216,7 @@ def hold_output_dir(output_dir: str | os.PathLike) -> Iterator[None]:
         cli_held = key in _HELD and key not in _SHARED  # the CLI's lock: it releases it
         if not cli_held:
             if key not in _HELD:
-                root.mkdir(parents=True, exist_ok=True)
+                check_writable(root)  # a read-only folder is said in one line, not by the lock's open()
                 OutputDirLock(root, reentrant=True).acquire()
                 _SHARED[key] = 0
             _SHARED[key] += 1
@@ -194,10 +231,21 @@ def hold_output_dir(output_dir: str | os.PathLike) -> Iterator[None]:
                     _HELD[key].release()
 
 
-def check_writable(path: str | os.PathLike) -> None:
+def check_writable(path: str | os.PathLike, create: bool = True) -> None:
     """Create ``path`` and write a probe file there: a run fails before training, with a line
-    saying why, when its output_dir cannot hold the event log and checkpoints."""
+    saying why, when its output_dir cannot hold the event log and checkpoints.
+
+    ``create=False`` leaves a missing folder uncreated and asks its nearest existing parent
+    instead (a check before any work, which must leave nothing behind)."""
     folder = Path(path)
+    if not create and not folder.exists():
+        parent = next((p for p in folder.absolute().parents if p.exists()), None)
+        if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
+            import errno
+
+            reason = os.strerror(errno.EROFS if _read_only_mount(parent) else errno.EACCES)
+            raise OSError(f"output_dir: cannot create {folder} in {parent} ({reason}); choose a writable folder")
+        return
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".write-test-{os.getpid()}"  # per process: ranks probe at once
@@ -205,3 +253,10 @@ def check_writable(path: str | os.PathLike) -> None:
         probe.unlink()
     except OSError as exc:
         raise OSError(f"output_dir: cannot write to {folder} ({exc.strerror or exc}); choose a writable folder") from exc
+
+
+def _read_only_mount(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False

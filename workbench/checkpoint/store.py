@@ -64,15 +64,17 @@ class CheckpointStore:
 
     # -- writing -------------------------------------------------------------------------
 
-    def publish(self, step: int, write: Callable[[Path], None]) -> Path:
-        """Have ``write`` fill a temporary folder, seal it with a manifest, rename it in place."""
-        return self.seal(step, self.begin(step), write)
+    def publish(self, step: int, write: Callable[[Path], None], expected_size: int | None = None) -> Path:
+        """Have ``write`` fill a temporary folder, seal it with a manifest, rename it in place.
+
+        ``expected_size`` (bytes, about) is what a failure for want of space reports."""
+        return self.seal(step, self.begin(step, expected_size), write, expected_size)
 
     def temporary(self, step: int) -> Path:
         """The folder a checkpoint of ``step`` is written into before it is published."""
         return self.root / f".tmp-{PREFIX_CHECKPOINT_DIR}-{step}"
 
-    def begin(self, step: int) -> Path:
+    def begin(self, step: int, expected_size: int | None = None) -> Path:
         """Create the temporary folder of ``step``'s checkpoint, with the sentinel in it."""
         tmp = self.temporary(step)
         final = self.root / f"{PREFIX_CHECKPOINT_DIR}-{step}"
@@ -87,16 +89,32 @@ class CheckpointStore:
             # published folder, since the rename happens only after it is gone.
             (tmp / SENTINEL).write_text("this checkpoint is still being written\n", encoding="utf-8")
         except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise OSError(f"saving {final.name}: cannot write into the output directory {self.root} "
-                          f"({exc.strerror or exc}); the earlier checkpoints there are intact") from exc
+            raise self._write_failed(final.name, tmp, exc, expected_size) from exc
         return tmp
 
-    def seal(self, step: int, tmp: Path, write: Callable[[Path], None] | None = None) -> Path:
+    def _write_failed(self, name: str, tmp: Path, exc: BaseException, expected_size: int | None) -> OSError:
+        """The one-line error for a save that failed on the storage, once its partial folder
+        is gone (a full disk is measured before that, while it is still full)."""
+        from workbench.checkpoint.storage_errors import classify, write_error
+
+        code = classify(exc, self.root, expected_size)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if expected_size is None:  # a library caller: the last checkpoint's size says about as much
+            sizes = [row.size for row in self.list() if row.complete]
+            expected_size = sizes[-1] if sizes else None
+        earlier = [row.name for row in self.list() if row.complete]
+        return write_error(name, self.root, tmp, exc, code, expected_size, earlier)
+
+    def seal(self, step: int, tmp: Path, write: Callable[[Path], None] | None = None,
+             expected_size: int | None = None) -> Path:
         """Run ``write`` into ``tmp``, then checksum everything in it and publish it atomically.
 
         Other ranks' files must be in ``tmp`` before this is called (they are hashed too).
+        A failure of the storage (a full disk, a quota, a read-only folder) removes ``tmp``
+        and raises a CheckpointWriteError that says so in one line (storage_errors.py).
         """
+        from workbench.checkpoint.storage_errors import is_storage_failure
+
         final = self.root / f"{PREFIX_CHECKPOINT_DIR}-{step}"
         try:
             if write is not None:
@@ -104,13 +122,12 @@ class CheckpointStore:
             (tmp / SENTINEL).unlink()
             _write_manifest(tmp, step)
         except Exception as exc:
-            # A full disk, a quota, a failing device: drop the half-written folder and say
-            # which save failed; nothing published before was touched.
-            shutil.rmtree(tmp, ignore_errors=True)
-            if not isinstance(exc, OSError) and type(exc).__name__ != "SafetensorError":
+            # Nothing published before is touched, whatever failed: only the half-written
+            # folder goes.
+            if not is_storage_failure(exc):
+                shutil.rmtree(tmp, ignore_errors=True)
                 raise  # not a storage problem: a bug shows its own traceback
-            raise OSError(f"saving {final.name} into {self.root} failed ({type(exc).__name__}: {exc}); "
-                          "the earlier checkpoints there are intact and can be resumed from") from exc
+            raise self._write_failed(final.name, tmp, exc, expected_size) from exc
         if final.exists():
             # Re-saving a step (e.g. save at the end after a save at the same step): move the
             # old copy aside and delete it only once the new one is published.

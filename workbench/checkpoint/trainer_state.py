@@ -140,6 +140,20 @@ class CheckpointContents:
             arguments=copy.copy(args),
         )
 
+    def nbytes(self) -> int:
+        """About how many bytes :meth:`write` puts on disk (the tensors; the rest is small)."""
+        def size(value: Any) -> int:
+            if isinstance(value, torch.Tensor):
+                return value.numel() * value.element_size()
+            if isinstance(value, dict):
+                return sum(size(v) for v in value.values())
+            if isinstance(value, (list, tuple)):
+                return sum(size(v) for v in value)
+            return 0
+
+        return sum(size(part) for part in (self.weights, self.optimizer, self.scheduler, self.scaler, self.rng)) \
+            + len(self.trainer_state) + len(self.workbench_state) + len(self.training_args)
+
     def write(self, directory: Path) -> None:
         """Write the files of the checkpoint into ``directory`` (rank 0's part)."""
         if self.model is not None:
@@ -225,8 +239,11 @@ def save_checkpoint(trainer: "Trainer") -> Path | None:
     keep = {Path(state.best_model_checkpoint).name} if state.best_model_checkpoint else set()
     writer = trainer.checkpoint_writer
 
+    size = contents.nbytes()  # what a failure for want of space reports
+
     def publish(tmp: Path | None = None) -> Path:
-        path = store.publish(step, contents.write) if tmp is None else store.seal(step, tmp, contents.write)
+        path = (store.publish(step, contents.write, size) if tmp is None
+                else store.seal(step, tmp, contents.write, size))
         store.rotate(args.save_total_limit, keep=keep)
         return path
 
@@ -238,7 +255,7 @@ def save_checkpoint(trainer: "Trainer") -> Path | None:
         # written (the manifest covers all).
         if acc.is_main_process:
             writer.wait()  # the previous save owns the output directory until it has published
-            tmp = store.begin(step)
+            tmp = store.begin(step, size)
         acc.wait_for_everyone()
         if custom_model_save:
             trainer.save_model(str(store.temporary(step)), _internal_call=True)

@@ -9,13 +9,16 @@ missing), and the next run simply replaces the file.
 Sockets live in a short per-user folder (``$XDG_RUNTIME_DIR/workbench`` or
 ``/tmp/workbench-<uid>``, mode 0700), not in output_dir: a Unix socket path must fit in
 about 108 bytes, and output_dirs on clusters are often longer, or on filesystems (NFS,
-Lustre) that cannot hold sockets at all.
+Lustre) that cannot hold sockets at all. A run killed before it could remove its socket
+leaves the file there; the next run to start removes it (its pid is gone and nothing answers
+on it), never a live run's.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import stat
 import tempfile
@@ -25,7 +28,7 @@ from typing import Any
 from workbench.checkpoint.lock import pid_alive
 
 __all__ = ["CONTROL_FILE", "SUN_PATH_MAX", "NoLiveRun", "runtime_dir", "socket_path", "write_control",
-           "read_control", "remove_control", "stale_reason", "pid_alive", "check_socket_owner"]
+           "read_control", "remove_stale_sockets", "remove_control", "stale_reason", "pid_alive", "check_socket_owner"]
 
 CONTROL_FILE = "control.json"
 SUN_PATH_MAX = 107  # bytes usable in sockaddr_un.sun_path on Linux (108 with the NUL)
@@ -49,9 +52,49 @@ def runtime_dir() -> Path:
     return base
 
 
+_SOCKET_NAME = re.compile(r"^(\d+)-[0-9a-f]+\.sock$")  # "<pid>-<random hex>.sock", as the server names them
+
+
+def remove_stale_sockets(folder: Path) -> list[str]:
+    """Remove the sockets in ``folder`` that runs killed before they could (SIGKILL, OOM)
+    left behind: those whose pid is gone and where nothing answers. A live run's socket is
+    never touched (its pid exists); returns the names removed."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _SOCKET_NAME.match(entry.name)
+        if not match or pid_alive(int(match.group(1))):
+            continue
+        try:
+            if not stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode) or _answers(entry.path):
+                continue
+            os.unlink(entry.path)
+        except OSError:
+            continue
+        removed.append(entry.name)
+    return removed
+
+
+def _answers(path: str) -> bool:
+    """Whether something listens on the Unix socket ``path`` (a run in another pid namespace)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
 def socket_path(name: str) -> Path:
-    """A socket path in the runtime folder; ValueError when it would not fit in sun_path."""
-    path = runtime_dir() / name
+    """A socket path in the runtime folder; ValueError when it would not fit in sun_path.
+    Sockets left there by killed runs are removed first (:func:`remove_stale_sockets`)."""
+    folder = runtime_dir()
+    remove_stale_sockets(folder)
+    path = folder / name
     if len(os.fsencode(str(path))) > SUN_PATH_MAX:
         raise ValueError(f"control socket path {path} is longer than {SUN_PATH_MAX} bytes; set XDG_RUNTIME_DIR "
                          "to a shorter folder or use --control-port")
@@ -122,7 +165,12 @@ def remove_control(output_dir: str | os.PathLike, pid: int | None = None,
         return
     if endpoint is not None and any(info.get(k) != endpoint.get(k) for k in ("socket", "tcp", "started")):
         return
-    path.unlink(missing_ok=True)
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        # A folder gone read-only under the run: the file stays, and clients see it is stale
+        # (its pid is gone); whatever ended the run is the news, not this.
+        pass
 
 
 def stale_reason(info: dict[str, Any]) -> str | None:

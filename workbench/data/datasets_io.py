@@ -33,6 +33,7 @@ from urllib.parse import urlparse
 
 __all__ = [
     "RunData",
+    "check_text_column",
     "hub_reachable",
     "load_run_data",
     "load_split",
@@ -174,11 +175,44 @@ def load_split(table: dict[str, Any], where: str = "data.train") -> Any:
                 f"(datasets.load_dataset({path!r}).save_to_disk(\"DIR\")) and set path = \"DIR\", or use a "
                 "local file: path = \"json\", data_files = \"train.jsonl\""
             ) from None
+    from workbench.data.file_errors import DataFileError, causes, check_rows, explain_failure, local_files, no_rows
+
+    files = local_files(path, kwargs.get("data_files"))
     try:
-        return datasets.load_dataset(path, **kwargs)
-    except (FileNotFoundError, ValueError, TypeError, ConnectionError) as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RuntimeError(f"{where}: loading {path!r} failed: {message}") from None
+        with _quiet_logs():  # datasets logs its own error line before raising: one is enough
+            dataset = datasets.load_dataset(path, **kwargs)
+    except Exception as exc:
+        line = explain_failure(exc, files, path, kwargs) if files else None
+        if line is not None:
+            raise DataFileError(f"{line} ({where})") from None
+        if any("corresponds to no data" in str(link) for link in causes(exc)):  # a header-only csv, an empty slice
+            raise DataFileError(no_rows(where, files, kwargs.get("split"))) from None
+        if not files and not isinstance(exc, (FileNotFoundError, ValueError, TypeError, ConnectionError)):
+            raise
+        raise RuntimeError(f"{where}: loading {path!r} failed: {_deepest_message(exc)}") from None
+    check_rows(dataset, where, files, kwargs.get("split"))
+    return dataset
+
+
+def _deepest_message(exc: BaseException) -> str:
+    """The first line of the innermost cause that says something (datasets wraps the
+    parser's error in its own "An error occurred while generating the dataset")."""
+    from workbench.data.file_errors import causes
+
+    text = next((t for t in (str(link).strip() for link in reversed(list(causes(exc)))) if t), type(exc).__name__)
+    return text.splitlines()[0]
+
+
+@contextlib.contextmanager
+def _quiet_logs() -> Iterator[None]:
+    from datasets.utils import logging as dlogging
+
+    level = dlogging.get_verbosity()
+    dlogging.set_verbosity(dlogging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        dlogging.set_verbosity(level)
 
 
 def rename_columns(dataset: Any, columns: dict[str, str], where: str = "data.columns") -> Any:
@@ -281,6 +315,13 @@ def _pack_batch(batch: dict[str, list], *, tokenizer: Any, text_column: str, blo
     return {"input_ids": blocks, "labels": [list(b) for b in blocks]}
 
 
+def check_text_column(dataset: Any, text_column: str, where: str = "data.text_column") -> None:
+    """ValueError (one line, the columns there are) unless ``dataset`` has ``text_column``."""
+    columns = list(dataset.column_names or [])
+    if columns and text_column not in columns:
+        raise ValueError(f"{where}: no column {text_column!r} in the data; columns: {', '.join(columns)}")
+
+
 def tokenize_dataset(dataset: Any, tokenizer: Any, *, text_column: str, max_length: int | None = None,
                      packing: bool = False, length_column: str | None = None, cache_dir: str | Path | None = None,
                      desc: str = "Tokenizing", progress: bool = True, where: str = "data.text_column") -> Any:
@@ -294,8 +335,7 @@ def tokenize_dataset(dataset: Any, tokenizer: Any, *, text_column: str, max_leng
     option, so a changed input or option never reuses a stale result.
     """
     columns = list(dataset.column_names or [])
-    if columns and text_column not in columns:
-        raise ValueError(f"{where}: no column {text_column!r} in the data; columns: {', '.join(columns)}")
+    check_text_column(dataset, text_column, where)
     if packing and not max_length:
         raise ValueError(f"{where}: packing needs max_length (the block size in tokens)")
     if packing:
@@ -350,25 +390,43 @@ def load_run_data(run: Any, *, progress: bool = True) -> RunData:
     cache_dir = Path(training.output_dir) / CACHE_FOLDER
     wants_lengths = training.train_sampling_strategy in ("group_by_length", "batch_rebalance")
 
-    def prepare(table: dict, where: str, label: str, lengths: bool) -> Any:
-        with _progress(progress):
-            dataset = load_split(table, where)
-        dataset = rename_columns(dataset, data.columns)
+    def load(table: dict, where: str) -> Any:
+        # No bar while a local file is read: a broken one must end in one line, not a bar and a line.
+        with _progress(False):
+            return rename_columns(load_split(table, where), data.columns)
+
+    def tokenize(dataset: Any, where: str, label: str, lengths: bool) -> Any:
         if data.text_column is None:
             return dataset
-        return tokenize_dataset(
+        tokenized = tokenize_dataset(
             dataset, tokenizer, text_column=data.text_column, max_length=data.max_length, packing=data.packing,
             length_column=training.length_column_name if lengths and not data.packing else None,
-            cache_dir=cache_dir, desc=f"Tokenizing {label}", progress=progress,
+            cache_dir=cache_dir, desc=f"Tokenizing {label}", progress=progress, where=f"data.text_column ({where})",
         )
+        if data.packing and hasattr(tokenized, "__len__") and not len(tokenized):
+            raise ValueError(f"{where}: packing into blocks of data.max_length = {data.max_length} tokens left no "
+                             "block (the texts are shorter than one block); lower max_length or add data")
+        return tokenized
 
+    # Every split is read and checked before any is tokenized: tokenizing writes its cache
+    # into output_dir, which a broken eval file must not leave behind.
+    named: dict[str, tuple[dict, str]] = {}
+    if data.train:
+        named["train"] = (data.train, "data.train")
+    if data.eval and all(isinstance(v, dict) for v in data.eval.values()):
+        named.update({f"eval {name}": (t, f"data.eval.{name}") for name, t in data.eval.items()})
+    elif data.eval:
+        named["eval"] = (data.eval, "data.eval")
     with _main_process_first(training):
-        train = prepare(data.train, "data.train", "train", wants_lengths) if data.train else None
-        evaluation = None
-        if data.eval:
-            if all(isinstance(v, dict) for v in data.eval.values()):
-                evaluation = {name: prepare(t, f"data.eval.{name}", f"eval {name}", False)
-                              for name, t in data.eval.items()}
-            else:
-                evaluation = prepare(data.eval, "data.eval", "eval", False)
+        raw = {label: load(table, where) for label, (table, where) in named.items()}
+        if data.text_column is not None:
+            for label, dataset in raw.items():
+                check_text_column(dataset, data.text_column, f"data.text_column ({named[label][1]})")
+        ready = {label: tokenize(dataset, named[label][1], label, label == "train" and wants_lengths)
+                 for label, dataset in raw.items()}
+    train = ready.get("train")
+    if data.eval and all(isinstance(v, dict) for v in data.eval.values()):
+        evaluation = {name: ready[f"eval {name}"] for name in data.eval}
+    else:
+        evaluation = ready.get("eval")
     return RunData(train=train, eval=evaluation, tokenizer=tokenizer)

@@ -253,8 +253,9 @@ class Session(CheckpointCommands):
             self.trainer.guard_pause = None
 
     def _start_control(self) -> None:
-        """Serve this run's control endpoint (rank 0 only); a failure to bind is a warning,
-        never a reason not to train."""
+        """Serve this run's control endpoint (rank 0 only). A failure to bind is a warning,
+        never a reason not to train, except for a TCP port asked for explicitly: that is an
+        EndpointError (one line), raised before the run writes anything."""
         if not self.control or self._server is not None or not self.trainer.is_world_process_zero():
             return
         from workbench.control.server import ControlServer
@@ -268,9 +269,17 @@ class Session(CheckpointCommands):
             server.start()
         except (OSError, ValueError) as exc:
             if self.control_port is not None:  # asked for explicitly: the user must hear it failed
-                raise RuntimeError(f"control: cannot listen on {server.host}:{self.control_port} ({exc})") from None
+                from workbench.control.endpoint_check import EndpointError, bind_failure
+
+                reason = bind_failure(server.host, self.control_port, exc, port_name="control_port",
+                                      host_name="control_host") if isinstance(exc, OSError) else str(exc)
+                raise EndpointError(reason) from None
             logging.getLogger("workbench").warning("control endpoint not started: %s", exc)
             return
+        if self.control_port is not None:
+            from workbench.control.endpoint_check import warn_if_public
+
+            warn_if_public(server.host)  # once per process: the CLI may have said it already
         self._server = server
         self._server_closer = weakref.finalize(self, server.close, 0.2)
 

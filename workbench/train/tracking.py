@@ -18,7 +18,7 @@ from workbench.exit_codes import EXIT_FAILED, run_exit_code
 from workbench.train.callbacks import TrainerCallback
 
 __all__ = ["EventLog", "EventLogCallback", "TrackioCallback", "TensorBoardCallback", "reporting_callbacks",
-           "read_events", "available_sinks", "SINKS"]
+           "read_events", "error_recorded", "available_sinks", "SINKS"]
 
 EVENTS_FILE = "events.jsonl"
 
@@ -66,6 +66,18 @@ def read_events(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return events
+
+
+def error_recorded(output_dir: str | os.PathLike, pid: int) -> bool:
+    """Whether the last record of ``events.jsonl`` is process ``pid``'s error record (a
+    full or read-only disk may have refused it: then nothing should point there)."""
+    try:
+        with open(Path(output_dir) / EVENTS_FILE, "rb") as f:
+            f.seek(max(f.seek(0, os.SEEK_END) - (1 << 20), 0))  # the record ends the file
+            record = json.loads(f.read().rstrip(b"\n").rsplit(b"\n", 1)[-1])
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and record.get("event") == "error" and record.get("pid") == pid
 
 
 class EventLogCallback(TrainerCallback):

@@ -655,8 +655,11 @@ class Trainer(TrainerReports):
             try:
                 self.callback_handler.on_error(self.args, self.state, self.control, exc)
             except Exception as hook_exc:  # e.g. the event log cannot be written either
-                log.warning("an on_error callback failed (%s: %s); raising the original error",
-                            type(hook_exc).__name__, hook_exc)
+                from workbench.checkpoint.storage_errors import same_storage_failure
+
+                if not same_storage_failure(exc, hook_exc):  # a full disk is said once, by the error itself
+                    log.warning("an on_error callback failed (%s: %s); raising the original error",
+                                type(hook_exc).__name__, hook_exc)
             raise
         finally:
             try:
