@@ -210,6 +210,43 @@ def test_a_resumed_run_keeps_hf_numbers_bitwise(tmp_path, stop_at):
     assert_bitwise(weights(second), weights(made["hf"]))
 
 
+class StopBeforeStep(TrainerCallback):
+    """Stop (with a checkpoint) as step ``n`` + 1 begins: its micro-batches are fetched and
+    collated, not trained (a pause's or a signal's stop at the start of a step)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.n:
+            control.should_save = control.should_training_stop = True
+
+
+@pytest.mark.parametrize("stop", ["after-eval", "before-step"])
+def test_a_run_resumed_past_randomly_masked_batches_collated_ahead_is_bitwise(tmp_path, stop):
+    """Random masking drawn from the global RNG, dropout, 2 accumulated micro-batches and an
+    evaluation (masked too) at the stop: Accelerate's loader collates a batch ahead, and a stop
+    at a step's start has collated its micro-batches, all before the checkpoint's RNG state.
+    The resumed run draws those batches' masks from the streams they were drawn from: every
+    loss, the evaluations and the final weights equal the uninterrupted run's bitwise."""
+    collator = transformers.DataCollatorForLanguageModeling(TOK, mlm_probability=0.3)
+    args = dict(max_steps=8, per_device_train_batch_size=4, gradient_accumulation_steps=2, eval_strategy="steps",
+                eval_steps=3, per_device_eval_batch_size=8)
+    data = dict(train_dataset=tokenized(80, 3), eval_dataset=tokenized(16, 4), data_collator=collator)
+    make = lambda: built(transformers.BertForMaskedLM, bert_config())  # noqa: E731
+    full = Trainer(model=make(), args=TrainingArguments(**options(tmp_path / "full", **args)), **data)
+    full.train()
+    out = tmp_path / "cut"
+    saving = options(out, **args, save_strategy="steps", save_steps=100)
+    callback = StopAt(3) if stop == "after-eval" else StopBeforeStep(4)
+    Trainer(model=make(), args=TrainingArguments(**saving), callbacks=[callback], **data).train()
+    resumed = Trainer(model=make(), args=TrainingArguments(**saving), **data)
+    resumed.train(resume_from_checkpoint=True)
+    assert len(logged(full)) == 8 and logged(resumed) == logged(full)
+    assert logged(resumed, "eval_loss") == logged(full, "eval_loss")
+    assert_bitwise(weights(resumed), weights(full))
+
+
 # -- 2. model kinds and accumulation ---------------------------------------------------------------
 
 

@@ -26,7 +26,7 @@ from workbench.checkpoint.state_dicts import (
 )
 from workbench.checkpoint.store import WEIGHTS, WEIGHTS_INDEX, CheckpointStore
 from workbench.train.run_state import WORKBENCH_STATE_NAME
-from workbench.train.rng import capture_rng, numpy_safe_globals, restore_rng
+from workbench.train.rng import PENDING_KEY, capture_rng, numpy_safe_globals, restore_rng
 from workbench.train.trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_model
 
 
@@ -133,7 +133,7 @@ class CheckpointContents:
             optimizer=optimizer,
             scheduler=scheduler,
             scaler=host_copy(scaler.state_dict()) if full and main and scaler is not None else None,
-            rng=capture_rng() if full and acc.num_processes == 1 else None,
+            rng=run_rng(trainer) if full and acc.num_processes == 1 else None,
             trainer_state=trainer.state.to_json_string(),
             workbench_state=trainer.workbench_state.to_json_string(),
             training_args=args.to_json_string() + "\n",
@@ -260,7 +260,7 @@ def save_checkpoint(trainer: "Trainer") -> Path | None:
         if custom_model_save:
             trainer.save_model(str(store.temporary(step)), _internal_call=True)
         if acc.num_processes > 1 and not args.save_only_model:
-            torch.save(capture_rng(all_devices=True), store.temporary(step) / f"rng_state_{acc.process_index}.pth")
+            torch.save(run_rng(trainer, all_devices=True), store.temporary(step) / f"rng_state_{acc.process_index}.pth")
         acc.wait_for_everyone()
     if acc.is_main_process:
         if args.save_async:
@@ -340,9 +340,24 @@ def _fit_groups(scheduler_state: dict[str, Any], groups: int) -> dict[str, Any]:
     return out
 
 
-def load_training_state(trainer: "Trainer", checkpoint: Path) -> None:
+def run_rng(trainer: "Trainer", all_devices: bool = False) -> dict[str, Any]:
+    """The RNG states for a checkpoint (rng.capture_rng), with the streams of the batches the
+    training loop has collated but not trained yet (rng.CollationRng)."""
+    state = capture_rng(all_devices)
+    loop = getattr(trainer, "_training_loop", None)
+    pending = loop.pending_batches() if loop is not None else []
+    if pending:
+        state[PENDING_KEY] = pending
+    return state
+
+
+def load_training_state(trainer: "Trainer", checkpoint: Path) -> list[dict[str, Any]]:
     """Restore weights, optimizer, schedule, RNG, TrainerState (and callbacks), and workbench's
-    own state (``trainer.workbench_state``) from ``checkpoint``."""
+    own state (``trainer.workbench_state``) from ``checkpoint``.
+
+    Returns the random streams of the batches the saving run had collated but not trained, for
+    the loop to collate them again from (rng.CollationRng.replay); empty when there are none.
+    """
     from workbench.train.run_state import TrainerState, WorkbenchState
 
     acc = trainer.accelerator
@@ -364,8 +379,11 @@ def load_training_state(trainer: "Trainer", checkpoint: Path) -> None:
         # after one step (HF restores it as is; no one wants that).
         trainer.control._new_training()
     rng = rng_state_file(checkpoint, acc.process_index, acc.num_processes)
-    if rng is not None:
-        restore_rng(_load(rng))
+    if rng is None:
+        return []
+    streams = _load(rng)
+    restore_rng(streams)
+    return list(streams.get(PENDING_KEY, []))
 
 
 def rng_state_file(checkpoint: Path, rank: int, num_processes: int) -> Path | None:

@@ -19,6 +19,7 @@ import torch
 import workbench.train.losses as losses
 from workbench.checkpoint.lock import check_writable
 from workbench.data.samplers import draw_iterator_seed, start_loader_epoch
+from workbench.train.rng import CollationRng, draws_random
 from workbench.train.run_state import WorkbenchState
 from workbench.train.trainer_utils import TrainOutput, has_length, speed_metrics, unwrap_model
 from workbench.train.schedules import steps_per_update
@@ -107,6 +108,9 @@ class TrainingLoop:
             check_writable(store.root)
         checkpoint = store.resolve_resume(resume_from_checkpoint) if resume_from_checkpoint else None
         loader = trainer.get_train_dataloader()
+        self.collation = _track_collation(loader, args.gradient_accumulation_steps)
+        self._trained = 0  # batches of the current iterator that training has taken
+        replay: list[dict[str, Any]] = []
         max_steps, num_epochs, updates_per_epoch = self._plan(loader)
         trainer._updates_per_epoch = updates_per_epoch  # live epoch edits convert with it
         trainer.create_optimizer_and_scheduler(max_steps)
@@ -159,7 +163,7 @@ class TrainingLoop:
         trainer.workbench_state = WorkbenchState()
         trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
         if checkpoint is not None:
-            load_training_state(trainer, checkpoint)
+            replay = load_training_state(trainer, checkpoint)
             state = trainer.state
             state.max_steps = max_steps
             replay_edits(trainer)  # a live max_steps edit outlives the restart
@@ -214,6 +218,7 @@ class TrainingLoop:
         if self.snapshots is not None and self.snapshots.due(state.global_step):
             self._take_snapshot()
         epoch, skip = epochs_done, skip_batches
+        self._replay = replay if self.collation is not None else []
         # Re-planned each epoch: a live max_steps / num_train_epochs edit (or its replay on
         # resume) can need more epochs than the arguments planned, and so can data a
         # rollback skipped.
@@ -258,6 +263,12 @@ class TrainingLoop:
         trainer.control = handler.on_epoch_begin(args, state, trainer.control)
         ga = args.gradient_accumulation_steps
         batches_in_epoch = len(loader) if has_length(loader) else None
+        if self.collation is not None:
+            self.collation.restart()
+            if self._replay:  # the batches the checkpoint's run had collated, drawn as it drew them
+                self.collation.replay(self._replay)
+                self._replay = []
+        self._trained = 0
         iterator = iter(iterator_source)
         step_in_epoch = skip  # micro-batches consumed in this epoch
         count_tokens = args.include_num_input_tokens_seen
@@ -279,6 +290,7 @@ class TrainingLoop:
                 # state of the boundary if asked, and leave the fetched batches untouched.
                 self._log_save_evaluate(model, ignore_keys, start_time)
                 break
+            self._trained += len(micro)
             last = len(micro) - 1
             for i, inputs in enumerate(micro):
                 if count_tokens != "no":
@@ -323,6 +335,11 @@ class TrainingLoop:
             if self._restart is not None:
                 return
         self._log_save_evaluate(model, ignore_keys, start_time)
+
+    def pending_batches(self) -> list[dict[str, Any]]:
+        """The host random streams of batches collated but not trained yet (rng.CollationRng),
+        for a checkpoint written at this boundary."""
+        return self.collation.pending(self._trained) if self.collation is not None else []
 
     def _count_items(self, micro: list[Mapping[str, Any]]) -> torch.Tensor | None:
         """Targets across the accumulated batch (and across processes when averaging).
@@ -547,6 +564,23 @@ class TrainingLoop:
         trainer.log(metrics)  # as HF: the returned metrics carry the epoch too
         trainer.control = trainer.callback_handler.on_train_end(args, state, trainer.control)
         return TrainOutput(state.global_step, train_loss, metrics)
+
+
+def _track_collation(loader: Any, accumulation: int) -> CollationRng | None:
+    """Remember the random streams each batch is collated from, where collation may draw from
+    them in this process (rng.CollationRng says why a checkpoint needs them)."""
+    collate = getattr(loader, "collate_fn", None)
+    if isinstance(collate, CollationRng):
+        collate.restart()
+        return collate
+    if collate is None or getattr(loader, "num_workers", 0) > 0 or not draws_random(collate):
+        return None
+    # At most a step's micro-batches plus the one collated ahead wait untrained.
+    tracked = CollationRng(collate, keep=accumulation + 1)
+    # Accelerate's loaders read the collator of the DataLoader they wrap (and copy it into
+    # the loader skip_first_batches builds).
+    getattr(loader, "base_dataloader", loader).collate_fn = tracked
+    return tracked
 
 
 def _empty_cache(device: torch.device) -> None:
