@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("workbench")
 
-__all__ = ["CheckpointStore", "MANIFEST", "SENTINEL", "WEIGHTS", "WEIGHTS_INDEX"]
+__all__ = ["CheckpointStore", "MANIFEST", "SENTINEL", "WEIGHTS", "WEIGHTS_INDEX", "refused_text"]
 
 MANIFEST = "manifest.json"
 SENTINEL = "checkpoint-is-incomplete.txt"
@@ -130,12 +130,20 @@ class CheckpointStore:
             raise self._write_failed(final.name, tmp, exc, expected_size) from exc
         if final.exists():
             # Re-saving a step (e.g. save at the end after a save at the same step): move the
-            # old copy aside and delete it only once the new one is published.
-            trash = final.with_name(f".trash-{final.name}-{time.time_ns()}")
-            os.replace(final, trash)
+            # old copy aside and delete it only once the new one is published. One that fails
+            # verification (a run resumed from an older checkpoint past a damaged one) is kept
+            # under another name: its data may still be worth recovering.
+            ok, why = self.verify(final)
+            aside = final.with_name(f".trash-{final.name}-{time.time_ns()}" if ok else
+                                    f"{final.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+            os.replace(final, aside)
             os.replace(tmp, final)
             _fsync_dir(self.root)
-            shutil.rmtree(trash, ignore_errors=True)
+            if ok:
+                shutil.rmtree(aside, ignore_errors=True)
+            else:
+                log.warning("%s failed verification (%s): kept as %s, not overwritten", final.name,
+                            why.split(" (changed after")[0], aside.name)
             return final
         os.replace(tmp, final)
         _fsync_dir(self.root)
@@ -176,7 +184,9 @@ class CheckpointStore:
         """Delete the oldest complete checkpoints beyond ``limit``, never those named in ``keep``."""
         if not limit:
             return []
-        complete = [c for c in self.list() if c.complete]
+        # A checkpoint that fails verification (sizes: cheap) is neither counted nor deleted:
+        # it is the user's to inspect, and nothing saved is deleted unasked.
+        complete = [c for c in self.list() if c.complete and self.verify(c.path, hashes=False)[0]]
         excess = len(complete) - limit
         deleted = []
         # Oldest first; the newest is never deleted (it is what --resume needs), so with a kept
@@ -323,17 +333,34 @@ class CheckpointStore:
         return True, None
 
     def latest_verified(self) -> CheckpointRow | None:
-        """The newest checkpoint whose manifest verifies; skipped ones are logged by name."""
+        """The newest checkpoint whose manifest verifies; newer ones skipped are logged by name."""
+        info, refused = self.newest_usable()
+        if info is not None:
+            for name, why in refused:
+                log.warning("skipping %s: %s", name, why)
+        return info
+
+    def newest_usable(self) -> tuple[CheckpointRow | None, list[tuple[str, str]]]:
+        """The newest checkpoint whose manifest verifies, and (name, why) for each newer one
+        that does not. Checkpoints transformers' Trainer wrote (no manifest) are taken by
+        resolve_resume only when nothing sealed exists (foreign_fallback), so they are passed
+        over here. Logs nothing: the caller says what it does with the answer."""
+        refused: list[tuple[str, str]] = []
         for info in reversed(self.list()):
-            if info.foreign:  # unsealed: taken only when nothing sealed exists (resolve_resume)
-                log.warning("skipping %s: no manifest.json (unsealed; used only when no sealed checkpoint exists)",
-                            info.name)
+            if info.foreign:
                 continue
-            ok, why = self.verify(info.path) if info.complete else (False, info.problem or "incomplete")
-            if ok:
-                return replace(info, verified=True)
-            log.warning("skipping %s: %s", info.name, why)
-        return None
+            problem = self.problem(info.path) if info.complete else (info.problem or "incomplete (no manifest.json)")
+            if problem is None:
+                return replace(info, verified=True), refused
+            refused.append((info.name, problem))
+        return None, refused
+
+    def problem(self, path: str | os.PathLike) -> str | None:
+        """What makes a checkpoint fail verification, in a few words (None: it verifies)."""
+        differences, why = self.differences(path)
+        if why is not None:
+            return why
+        return " and ".join(f"{rel} {what}" for rel, what in differences[:2]) if differences else None
 
     def resolve_resume(self, resume: str | bool | os.PathLike) -> Path:
         """The checkpoint folder for ``resume_from_checkpoint`` (True: newest verified).
@@ -346,12 +373,12 @@ class CheckpointStore:
             info = self.latest_verified()
             if info is not None:
                 return Path(info.path)
-            rows = self.list()
-            if not any(row.complete for row in rows):  # nothing sealed here at all
-                for candidate in reversed(rows):
-                    if candidate.foreign and self.structural_check(candidate.path)[0]:
-                        return self._unverified(Path(candidate.path))
-            raise ValueError(f"No valid checkpoint found in output directory ({self.root})")
+            refused = self.newest_usable()[1]
+            foreign = self.foreign_fallback()
+            if foreign is not None:
+                return self._unverified(foreign)
+            damaged = "; none verifies: " + refused_text(refused) if refused else ""
+            raise ValueError(f"No valid checkpoint found in output directory ({self.root}){damaged}")
         try:
             path = self.named(resume)
         except LookupError as exc:
@@ -367,6 +394,17 @@ class CheckpointStore:
         if not ok:
             raise ValueError(f"resume_from_checkpoint: {path} cannot be used: {why}")
         return path
+
+    def foreign_fallback(self) -> Path | None:
+        """The newest checkpoint transformers' Trainer wrote that passes the structural check,
+        when nothing sealed (with a manifest) exists here at all; else None."""
+        rows = self.list()
+        if any(row.complete for row in rows):
+            return None
+        for candidate in reversed(rows):
+            if candidate.foreign and self.structural_check(candidate.path)[0]:
+                return Path(candidate.path)
+        return None
 
     def named(self, resume: str | os.PathLike) -> Path:
         """The folder ``resume`` names: the path itself when it exists, else a bare checkpoint
@@ -388,6 +426,13 @@ class CheckpointStore:
         log.warning("%s has no manifest.json (written by transformers' Trainer?): resuming from it unverified; "
                     "its files passed a structural check only", path)
         return path
+
+
+def refused_text(refused: list[tuple[str, str]], limit: int = 3) -> str:
+    """``checkpoint-6 (why), checkpoint-4 (why)``: the checkpoints that failed verification,
+    newest first, at most ``limit`` named."""
+    text = ", ".join(f"{name} ({why})" for name, why in refused[:limit])
+    return text + (f" and {len(refused) - limit} more" if len(refused) > limit else "")
 
 
 def _write_manifest(folder: Path, step: int) -> None:

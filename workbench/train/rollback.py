@@ -114,10 +114,11 @@ def _from_disk(trainer: "Trainer", monitor: "GuardMonitor", bad_step: int,
 
     trainer.checkpoint_writer.wait()  # a background save still being written may be the one
     store = CheckpointStore(trainer._get_output_dir(trial=None))
+    # The newest one older than the bad step that verifies: a damaged file is never loaded.
     rows = [row for row in store.list() if row.complete and row.step < bad_step]
-    if not rows:
+    path = next((Path(row.path) for row in reversed(rows) if store.problem(row.path) is None), None)
+    if path is None:
         return None
-    path = Path(max(rows, key=lambda row: row.step).path)
     state, extras = trainer.state, trainer.workbench_state
     load_training_state(trainer, path)
     loaded, loaded_extras = trainer.state, trainer.workbench_state

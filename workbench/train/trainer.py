@@ -53,6 +53,7 @@ from workbench.data.samplers import (
     dataset_lengths,
 )
 from workbench.checkpoint.lock import hold_output_dir
+from workbench.checkpoint.store import CheckpointStore
 from workbench.train.accelerator_setup import check_sharding, make_accelerator
 from workbench.distributed.signals import JITCheckpointCallback, StopRequest, install_stop_handlers
 from workbench.records import is_timing_metric
@@ -626,8 +627,12 @@ class Trainer(TrainerReports):
             self._train_batch_size = batch_size
             if self._created_lr_scheduler:
                 self.lr_scheduler, self._created_lr_scheduler = None, False
-            return TrainingLoop(self).run(resume_from_checkpoint, ignore_keys_for_eval)
+            return TrainingLoop(self).run(checkpoint, ignore_keys_for_eval)
 
+        # Resolved (and verified) before anything is written: a run with nothing to resume
+        # from leaves the output_dir as it was.
+        checkpoint = (CheckpointStore(self.args.output_dir).resolve_resume(resume_from_checkpoint)
+                      if resume_from_checkpoint else None)
         self.stop_request.clear()
         self.stop_decision.clear()
         restore = None
@@ -640,8 +645,8 @@ class Trainer(TrainerReports):
 
             # Training only: the hook checks module.training, and is removed when train() ends.
             self.neftune_hook_handle = activate_neftune(self.model, self.args.neftune_noise_alpha)
-        if resume_from_checkpoint and self.args.auto_find_batch_size:
-            self._restore_found_batch_size(resume_from_checkpoint)
+        if checkpoint is not None and self.args.auto_find_batch_size:
+            self._restore_found_batch_size(checkpoint)
         try:
             # One writer per output_dir: rank 0 holds its lock while training (outdir_lock.py).
             with hold_output_dir(self.args.output_dir) if self.is_world_process_zero() else contextlib.nullcontext():
@@ -674,23 +679,11 @@ class Trainer(TrainerReports):
             if restore is not None:
                 restore()
 
-    def _restore_found_batch_size(self, resume_from_checkpoint: str | bool) -> None:
+    def _restore_found_batch_size(self, checkpoint: Path) -> None:
         """With auto_find_batch_size, a resume starts from the batch size the checkpoint's run
         settled on (trainer_state.json ``train_batch_size``), as HF does, not from the top again."""
-        from workbench.checkpoint.store import CheckpointStore
-
-        if resume_from_checkpoint is True:
-            complete = [c for c in CheckpointStore(self.args.output_dir).list() if c.complete]
-            if not complete:
-                return  # the loop raises HF's "No valid checkpoint found"
-            folder = Path(complete[-1].path)
-        else:
-            try:
-                folder = CheckpointStore(self.args.output_dir).named(resume_from_checkpoint)
-            except LookupError:
-                return  # the loop reports the unknown name
         try:
-            saved = TrainerState.load_from_json(str(folder / "trainer_state.json")).train_batch_size
+            saved = TrainerState.load_from_json(str(checkpoint / "trainer_state.json")).train_batch_size
         except (OSError, ValueError):
             return  # the loop reports an unreadable checkpoint
         if saved:
