@@ -302,7 +302,7 @@ def test_branching_into_the_parents_folder_is_refused_by_the_api_and_the_panel(t
     held = tmp_path / "held"
     held.mkdir()
     shutil.copytree(ckpt, held / "checkpoint-10")
-    with pytest.raises(ValueError, match="already holds checkpoints .checkpoint-10."):
+    with pytest.raises(ValueError, match=r"is not empty \(it holds checkpoint-10\); a branch needs a new or empty"):
         session.branch(ckpt, held)
     for overrides, message in (({"learning_rate": "fast"}, "learning_rate: expected a number"),
                                ({"no_such_argument": 1}, "no_such_argument: unknown key"),

@@ -43,6 +43,7 @@ __all__ = [
     "load_model_files",
     "model_saved_by_override",
     "rng_state_file",
+    "weights_misfit",
 ]
 
 Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
@@ -304,14 +305,49 @@ def _read_weights(model: torch.nn.Module, checkpoint: Path) -> dict[str, torch.T
     raise ValueError(f"{checkpoint} has no {WEIGHTS}")
 
 
-def _check_fit(model: torch.nn.Module, checkpoint: Path, missing: list[str], unexpected: list[str]) -> None:
-    # Tied weights are stored once, so their second names are expected to be missing.
+def _tied_aliases(model: torch.nn.Module) -> set[str]:
+    """The second names of tied weights: stored once, so expected to be missing from a file."""
     seen: set[int] = set()
     aliases = set()
     for name, param in model.named_parameters(remove_duplicate=False):
         if id(param) in seen:
             aliases.add(name)
         seen.add(id(param))
+    return aliases
+
+
+def weights_misfit(model: torch.nn.Module, checkpoint: Path) -> str | None:
+    """Why ``checkpoint``'s weights would not load into ``model`` (names or shapes), read from
+    the safetensors headers alone (nothing is loaded); None when they fit, or when there is
+    no safetensors file to read (a save_pretrained folder of another layout loads or fails
+    on its own)."""
+    from safetensors import safe_open
+
+    if (checkpoint / WEIGHTS).is_file():
+        files = [checkpoint / WEIGHTS]
+    elif (checkpoint / WEIGHTS_INDEX).is_file():
+        index = json.loads((checkpoint / WEIGHTS_INDEX).read_text(encoding="utf-8"))
+        files = [checkpoint / f for f in sorted(set(index["weight_map"].values()))]
+    else:
+        return None
+    saved: dict[str, list[int]] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            saved.update({key: list(f.get_slice(key).get_shape()) for key in f.keys()})
+    here = {name: list(value.shape) for name, value in model.state_dict().items()}
+    missing = sorted(set(here) - set(saved) - _tied_aliases(model))
+    unexpected = sorted(set(saved) - set(here))
+    if missing or unexpected:
+        return (f"its weights do not fit this model (missing: {', '.join(missing[:3]) or 'none'}; "
+                f"not in the model: {', '.join(unexpected[:3]) or 'none'})")
+    for name, shape in here.items():
+        if name in saved and saved[name] != shape:
+            return f"its weights do not fit this model ({name} is {saved[name]} there, {shape} here)"
+    return None
+
+
+def _check_fit(model: torch.nn.Module, checkpoint: Path, missing: list[str], unexpected: list[str]) -> None:
+    aliases = _tied_aliases(model)
     if unexpected or set(missing) - aliases:
         raise ValueError(f"{checkpoint}: weights do not fit the model (missing: {sorted(set(missing) - aliases)[:5]}, "
                          f"unexpected: {sorted(unexpected)[:5]})")

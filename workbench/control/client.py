@@ -506,27 +506,32 @@ class RemoteSession:
     def delete_checkpoint(self, name: str) -> None:
         self._call("checkpoints", action="delete", name=name)
 
-    def resume_from(self, checkpoint: str | Path, **overrides: Any) -> "RemoteSession":
-        """Restart the run from ``checkpoint`` (a name in its output_dir, or a path there), in
-        its own process: a live run is stopped without saving first. Returns once the new run
-        has started; this client stays attached (the endpoint is the same)."""
+    def resume_from(self, checkpoint: str | Path, *, other_run: bool = False, **overrides: Any) -> "RemoteSession":
+        """Restart the run from ``checkpoint`` (a name in its output_dir, or a path there;
+        another run's only with ``other_run``), in its own process: a live run is stopped
+        without saving first, once the checkpoint is known to verify and fit. Returns once the
+        new run has started; this client stays attached (the endpoint is the same)."""
         self._call("checkpoints", _wait=MAX_RESTART_S + 5.0, action="resume_from", checkpoint=str(checkpoint),
-                   overrides=overrides, timeout=MAX_RESTART_S)
+                   overrides=overrides, other_run=other_run, timeout=MAX_RESTART_S)
         return self
 
     def parse_overrides(self, text: str | Mapping[str, str]) -> dict[str, Any]:
         return self._call("parse_overrides", text=text if isinstance(text, str) else dict(text))
 
-    def check_branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> dict[str, Any]:
-        return self._call("check_branch", checkpoint=str(checkpoint), output_dir=str(output_dir), overrides=overrides)
+    def check_branch(self, checkpoint: str | Path, output_dir: str | Path, *, other_run: bool = False,
+                     **overrides: Any) -> dict[str, Any]:
+        return self._call("check_branch", checkpoint=str(checkpoint), output_dir=str(output_dir), overrides=overrides,
+                          other_run=other_run)
 
-    def branch(self, checkpoint: str | Path, output_dir: str | Path, save: bool = True,
+    def branch(self, checkpoint: str | Path, output_dir: str | Path, save: bool = True, *, other_run: bool = False,
                **overrides: Any) -> "RemoteSession":
-        """Start a branch from ``checkpoint`` into ``output_dir`` (a path as the run's process
-        sees it) in the run's process, and return a client attached to it. A live run is
-        stopped first, with a checkpoint unless ``save=False``."""
+        """Start a branch from ``checkpoint`` into ``output_dir`` (a new or empty folder, as
+        the run's process sees it) in the run's process, and return a client attached to it.
+        A live run is stopped first, with a checkpoint unless ``save=False``, once everything
+        the branch needs is checked."""
         reply = self._call("checkpoints", _wait=MAX_RESTART_S + 5.0, action="branch", checkpoint=str(checkpoint),
-                           output_dir=str(output_dir), overrides=overrides, save=save, timeout=MAX_RESTART_S)
+                           output_dir=str(output_dir), overrides=overrides, save=save, other_run=other_run,
+                           timeout=MAX_RESTART_S)
         if not reply.get("control"):
             raise RemoteError(f"the branch in {reply.get('output_dir')} serves no control endpoint")
         return RemoteSession(reply["control"], timeout=self.timeout)

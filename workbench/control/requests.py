@@ -92,7 +92,7 @@ def _changes(key: str, value: Any) -> dict[str, Any]:
 
 
 # Names a resume's or branch's overrides cannot take: the command's own arguments.
-_OWN_ARGUMENTS = ("checkpoint", "output_dir", "save")
+_OWN_ARGUMENTS = ("checkpoint", "output_dir", "save", "other_run")
 
 
 def _overrides(key: str, value: Any) -> dict[str, Any]:
@@ -132,15 +132,18 @@ SCHEMAS: dict[str, dict[str, tuple[Check, Any]]] = {
                "top_k": (None, 20), "seed": (None, 0)},
     "parse_overrides": {"text": (_override_text, _REQUIRED)},
     "check_branch": {"checkpoint": (_name, _REQUIRED), "output_dir": (_text, _REQUIRED),
-                     "overrides": (_overrides, {})},
+                     "overrides": (_overrides, {}), "other_run": (_boolean, False)},
 }
 # checkpoints: one schema per action (an argument of another action is refused too).
 CHECKPOINT_ACTIONS: dict[str, dict[str, tuple[Check, Any]]] = {
     "list": {"offset": (_whole(0, 2**31), 0)},
     "delete": {"name": (_name, _REQUIRED)},
-    "resume_from": {"checkpoint": (_name, _REQUIRED), "overrides": (_overrides, {}), **_WAIT},
+    # other_run: the checkpoint may be another run's (the Session refuses one outside this
+    # run's output_dir otherwise, before anything stops)
+    "resume_from": {"checkpoint": (_name, _REQUIRED), "overrides": (_overrides, {}), "other_run": (_boolean, False),
+                    **_WAIT},
     "branch": {"checkpoint": (_name, _REQUIRED), "output_dir": (_text, _REQUIRED), "overrides": (_overrides, {}),
-               "save": (_boolean, True), **_WAIT},
+               "save": (_boolean, True), "other_run": (_boolean, False), **_WAIT},
 }
 
 

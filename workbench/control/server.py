@@ -381,15 +381,6 @@ class ControlServer:
         more = b"true" if count < len(pieces) else b"false"
         return b'{"rows":[%b],"total":%d,"offset":%d,"more":%b}' % (b",".join(pieces[:count]), len(rows), offset, more)
 
-    def _checkpoint_path(self, args: dict, what: str) -> Path:
-        """The checkpoint a request names: a name in the run's output_dir, or a path there."""
-        name = args.get("checkpoint")
-        if not isinstance(name, str) or not name.strip():
-            raise ValueError(f"checkpoints {what}: expected a checkpoint name such as checkpoint-40 "
-                             "(see checkpoints list)")
-        path = Path(name)
-        return path if path.is_absolute() or len(path.parts) > 1 else self.output_dir / name
-
     @staticmethod
     def _overrides(args: dict, what: str) -> dict:
         overrides = args.get("overrides") or {}
@@ -406,34 +397,37 @@ class ControlServer:
     def _resume_from(self, args: dict) -> dict:
         """Restart the run from a checkpoint: a live run is stopped without saving first; the
         endpoint stays (the same Session trains again)."""
-        path = self._checkpoint_path(args, "resume_from")
+        # The Session resolves the name and checks everything before the live run stops.
+        name, other_run = args["checkpoint"], args["other_run"]
         overrides = self._overrides(args, "resume_from")
         restart = self._restartable("resume_from")
-        done, status = self._await(self._call(lambda: restart(path, **overrides)), args, "resume_from")
-        return {"checkpoint": path.name, "status": str(status)} if done else {"queued": True}
+        done, status = self._await(self._call(lambda: restart(name, other_run=other_run, **overrides)), args,
+                                   "resume_from")
+        return {"checkpoint": Path(name).name, "status": str(status)} if done else {"queued": True}
 
     def _branch(self, args: dict) -> dict:
         """Start a branch as a new run in the run's process (a live run is stopped first, saved
         unless ``save`` is false); the reply names the branch's own endpoint."""
-        path = self._checkpoint_path(args, "branch")
+        name, other_run = args["checkpoint"], args["other_run"]
         output_dir = args.get("output_dir")
         if not isinstance(output_dir, str):
             raise ValueError("checkpoints branch: expected output_dir, the branch's own folder")
         overrides = self._overrides(args, "branch")
         save = args["save"]
         branch = self._restartable("branch")
-        done, child = self._await(self._call(lambda: branch(path, output_dir, save=save, **overrides)), args,
-                                  "branch")
+        done, child = self._await(self._call(lambda: branch(name, output_dir, save=save, other_run=other_run,
+                                                            **overrides)), args, "branch")
         if not done:
             return {"queued": True}
         server = getattr(child, "_server", None)
         endpoint = dict(server.info) if server is not None else None
-        return {"checkpoint": path.name, "output_dir": str(Path(child.trainer.args.output_dir).resolve()),
+        return {"checkpoint": Path(name).name, "output_dir": str(Path(child.trainer.args.output_dir).resolve()),
                 "control": endpoint,
                 "status": str(child.status)}
 
     def _check_branch(self, args: dict) -> dict:
-        return self.session.check_branch(args["checkpoint"], args["output_dir"], **args["overrides"])
+        return self.session.check_branch(args["checkpoint"], args["output_dir"], other_run=args["other_run"],
+                                         **args["overrides"])
 
 
 def _drain(q: queue.Queue) -> None:

@@ -21,12 +21,13 @@ def check_branch(args: Any, step: int, output_dir: str | Path, overrides: dict[s
     """The overrides of a branch from the parent's checkpoint at ``step``, validated.
 
     Refused, with a one-line ValueError: an empty output_dir; the parent's own output_dir (the
-    branch's checkpoints, rotation and lock would mix with the parent's); a folder that already
-    holds checkpoints (a resume there would pick the wrong run); unknown argument names, values
-    of the wrong type and invalid combinations (TrainingArguments' own checks, the
-    learning-rate rule among them).
+    branch's checkpoints, rotation and lock would mix with the parent's); anything but a new or
+    empty folder (a file; a folder holding anything, checkpoints or not: the branch writes its
+    lock, endpoint and event log there, and a resume there would pick the wrong run); unknown
+    argument names, values of the wrong type and invalid combinations (TrainingArguments' own
+    checks, the learning-rate rule among them). Every door (the Session, the forms, a remote
+    client) applies this same rule before anything stops.
     """
-    from workbench.checkpoint.store import CheckpointStore
     from workbench.config.loader import check_training_overrides
 
     if not str(output_dir).strip():
@@ -37,10 +38,13 @@ def check_branch(args: Any, step: int, output_dir: str | Path, overrides: dict[s
     if target == parent:
         raise ValueError(f"branch: {output_dir} is this run's own output_dir; a branch needs a folder of its "
                          f"own (e.g. {suggestion})")
-    held = [c.name for c in CheckpointStore(target).list() if c.complete]
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"branch: {output_dir} is a file; a branch needs a new or empty folder (e.g. {suggestion})")
+    held = sorted(p.name for p in target.iterdir()) if target.is_dir() else []
     if held:
-        raise ValueError(f"branch: {output_dir} already holds checkpoints ({', '.join(held[:3])}"
-                         f"{', ...' if len(held) > 3 else ''}); choose a new or empty folder (e.g. {suggestion})")
+        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise ValueError(f"branch: {output_dir} is not empty (it holds {shown}); a branch needs a new or empty "
+                         f"folder (e.g. {suggestion})")
     try:
         checked = check_training_overrides(overrides, args_cls=type(args))
         dataclasses.replace(args, output_dir=str(output_dir), **checked)

@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from workbench.checkpoint.store import CheckpointStore
 from workbench.session.state import ENDED, CheckpointRow, SeriesStore, Status
 
 __all__ = ["CheckpointCommands"]
@@ -27,24 +28,27 @@ Session = Any  # annotations only: local.py's Session is made of this mixin, so 
 class CheckpointCommands:
     """Checkpoint commands of a Session (list, delete, resume_from, branch, restarts in place)."""
 
-    def resume_from(self, checkpoint: str | Path, **overrides: Any) -> "Session":
+    def resume_from(self, checkpoint: str | Path, *, other_run: bool = False, **overrides: Any) -> "Session":
         """Restart this session's run from a catalog checkpoint. A live run is stopped first,
         without saving (what it did since ``checkpoint`` is dropped), and restarts in its own
         thread; this returns once it has (as a remote ``resume_from`` does).
+
+        ``checkpoint`` is a name in this run's output_dir (``"checkpoint-40"``) or a path
+        there; another run's checkpoint only with ``other_run=True``. It must verify and its
+        weights must fit this model: everything is checked before the live run stops.
 
         ``overrides`` change the run's arguments first (those train/resume_args.py COMPARED
         lists, e.g. save_steps=3); the resume warns about each one that differs from the
         checkpoint's and applies the live-editable ones from the resume step, recorded.
         """
         if self._live():
-            self.restart_from(checkpoint, **overrides).result()
+            self.restart_from(checkpoint, other_run=other_run, **overrides).result()
             return self
         self._require_not_running("resume_from")
-        self._prepare_resume(checkpoint, overrides)
+        self._prepare_resume(self._usable_checkpoint(checkpoint, "resume_from", other_run), overrides)
         return self.start()
 
-    def _prepare_resume(self, checkpoint: str | Path, overrides: dict[str, Any]) -> None:
-        self._complete_checkpoint(checkpoint, "resume_from")
+    def _prepare_resume(self, checkpoint: Path, overrides: dict[str, Any]) -> None:
         if overrides:
             from workbench.train.resume_args import replace_arguments
 
@@ -53,20 +57,21 @@ class CheckpointCommands:
         self._series = SeriesStore()
         self._emit("resume_from", checkpoint=str(checkpoint))
 
-    def restart_from(self, checkpoint: str | Path, **overrides: Any) -> Future:
+    def restart_from(self, checkpoint: str | Path, *, other_run: bool = False, **overrides: Any) -> Future:
         """resume_from() for a run that may still be going (what a remote ``checkpoints
         resume_from`` does): a live run is stopped without saving (its progress since
         ``checkpoint`` is dropped) and restarts from ``checkpoint`` where it ran, in the same
         thread (run(): the caller's) and with the same endpoint; an ended run restarts at once.
 
-        Checked before anything stops, as resume_from() checks: a complete catalog
-        checkpoint, overrides that a resume can change (train/resume_args.py). Returns a Future
-        that resolves to the status once the new run has started."""
+        Checked before anything stops, as resume_from() checks: a checkpoint of this run
+        (unless ``other_run``) that verifies and fits the model, overrides that a resume can
+        change (train/resume_args.py). Returns a Future that resolves to the status once the
+        new run has started."""
         from workbench.session.branching import check_resume_overrides
 
         self._require_main("resume_from")
         self._require_single("resume_from")
-        self._complete_checkpoint(checkpoint, "resume_from")
+        checkpoint = self._usable_checkpoint(checkpoint, "resume_from", other_run)
         overrides = check_resume_overrides(self.trainer.args, overrides)
 
         def restart() -> Status:
@@ -77,10 +82,10 @@ class CheckpointCommands:
             return self._status
 
         return self._after_run("resume_from", restart, save=False,
-                               now=lambda: self.resume_from(checkpoint, **overrides).status)
+                               now=lambda: self.resume_from(checkpoint, other_run=True, **overrides).status)
 
-    def branch_from(self, checkpoint: str | Path, output_dir: str | Path, save: bool = True,
-                    **overrides: Any) -> Future:
+    def branch_from(self, checkpoint: str | Path, output_dir: str | Path, save: bool = True, *,
+                    other_run: bool = False, **overrides: Any) -> Future:
         """branch() for a run that may still be going (what a remote ``checkpoints branch``
         does): a live run is stopped (with a checkpoint unless ``save=False``, so it can be
         resumed later), then the branch starts as a new run in this process, serving its own
@@ -95,7 +100,8 @@ class CheckpointCommands:
         if not self.branches_here:
             raise RuntimeError("branch: this run is a Trainer.train() call, which trains its own Trainer only; "
                                "branch from a Session or a workbench run, or resume_from here")
-        overrides = self.check_branch(checkpoint, output_dir, **overrides)
+        checkpoint = self._usable_checkpoint(checkpoint, "branch", other_run)
+        overrides = self.check_branch(checkpoint, output_dir, other_run=True, **overrides)
 
         def start_branch() -> "Session":
             child = self._new_branch(checkpoint, output_dir, overrides)
@@ -145,26 +151,30 @@ class CheckpointCommands:
                              "not an override")
         return overrides
 
-    def check_branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> dict[str, Any]:
+    def check_branch(self, checkpoint: str | Path, output_dir: str | Path, *, other_run: bool = False,
+                     **overrides: Any) -> dict[str, Any]:
         """Everything branch() checks, without stopping or creating anything; returns the
         overrides validated (session/branching.py says what is refused). Callable while the
-        run goes on, so a form can refuse a typo before the run is stopped for the branch."""
+        run goes on, so a form can refuse a typo before the run is stopped for the branch.
+        ``checkpoint`` is resolved as resume_from() resolves it."""
         from workbench.session.branching import check_branch
 
-        row = self._complete_checkpoint(checkpoint, "branch")
-        return check_branch(self.trainer.args, row.step, output_dir, overrides)
+        path = self._usable_checkpoint(checkpoint, "branch", other_run)
+        step = next(c.step for c in CheckpointStore(path.parent).list() if c.name == path.name)
+        return check_branch(self.trainer.args, step, output_dir, overrides)
 
-    def branch(self, checkpoint: str | Path, output_dir: str | Path, save: bool = True,
-               **overrides: Any) -> "Session":
+    def branch(self, checkpoint: str | Path, output_dir: str | Path, save: bool = True, *,
+               other_run: bool = False, **overrides: Any) -> "Session":
         """A new Session that starts from ``checkpoint`` into ``output_dir`` with changed arguments.
 
         From an ended run it is returned not started. A live run is stopped first (with a
         checkpoint unless ``save=False``) and the branch is returned started (as a remote
         ``branch`` does). Everything check_branch() refuses is refused first."""
         if self._live():
-            return self.branch_from(checkpoint, output_dir, save=save, **overrides).result()
+            return self.branch_from(checkpoint, output_dir, save=save, other_run=other_run, **overrides).result()
         self._require_not_running("branch")
-        overrides = self.check_branch(checkpoint, output_dir, **overrides)
+        checkpoint = self._usable_checkpoint(checkpoint, "branch", other_run)
+        overrides = self.check_branch(checkpoint, output_dir, other_run=True, **overrides)
         return self._new_branch(checkpoint, output_dir, overrides)
 
     def _new_branch(self, checkpoint: str | Path, output_dir: str | Path, overrides: dict[str, Any]) -> "Session":
@@ -181,19 +191,40 @@ class CheckpointCommands:
             trainer.guard_pause = None
         return child
 
-    def _complete_checkpoint(self, checkpoint: str | Path, what: str) -> CheckpointRow:
-        """The catalog row of ``checkpoint`` (a checkpoint folder); ValueError unless it is complete."""
-        from workbench.checkpoint.store import CheckpointStore
+    def _usable_checkpoint(self, checkpoint: str | Path, what: str, other_run: bool = False) -> Path:
+        """The folder ``checkpoint`` names, once it is sure a restart or branch can use it:
+        a name resolves in this run's output_dir; a path must be there too unless
+        ``other_run``; it is complete, every file matches its manifest (hashes), and its
+        weights fit this model (names and shapes). ValueError with one line otherwise, before
+        anything stops (a remote client's bad target must leave the live run untouched)."""
+        from workbench.checkpoint.trainer_state import weights_misfit
+        from workbench.train.trainer_utils import unwrap_model
 
-        path = Path(checkpoint)
-        info = next((c for c in CheckpointStore(path.parent).list() if c.name == path.name), None)
+        own = CheckpointStore(self.trainer.args.output_dir)
+        text = str(checkpoint).strip()
+        if not text:
+            raise ValueError(f"{what}: expected a checkpoint name such as checkpoint-40 (see checkpoints)")
+        try:
+            path = own.named(text)
+        except LookupError as exc:
+            raise ValueError(f"{what}: {exc}") from None
+        if not other_run and path.resolve().parent != own.root.resolve():
+            raise ValueError(f"{what}: {checkpoint} is not a checkpoint of this run ({own.root}); name one of its "
+                             "checkpoints (see checkpoints), or allow another run's with other_run=True")
+        store = CheckpointStore(path.parent)
+        info = next((c for c in store.list() if c.name == path.name), None)
         if info is None:
             raise ValueError(f"{what}: {checkpoint} is not a checkpoint (expected a checkpoint-STEP folder "
                              "from session.checkpoints)")
         if not info.complete:
             raise ValueError(f"{what}: {info.name} is incomplete ({info.problem or 'no manifest'}); "
                              "pick a complete checkpoint")
-        return info
+        problem = store.problem(path)
+        if problem is None:
+            problem = weights_misfit(unwrap_model(self.trainer.model), path)
+        if problem is not None:
+            raise ValueError(f"{what}: {info.name} cannot be used: {problem}; pick another checkpoint")
+        return path
 
     def _live(self) -> bool:
         """Whether a run of this Session's worker is under way (resume_from / branch then stop it)."""
@@ -203,8 +234,6 @@ class CheckpointCommands:
     @property
     def checkpoints(self) -> list[CheckpointRow]:
         """The checkpoint catalog of this run's output_dir, oldest first (same rows as the dashboard)."""
-        from workbench.checkpoint.store import CheckpointStore
-
         return CheckpointStore(self.trainer.args.output_dir).list()
 
     def delete_checkpoint(self, name: str) -> None:
@@ -214,8 +243,6 @@ class CheckpointCommands:
         store's ``protected`` flag: load_best_model_at_end and a resume need them), and the
         checkpoint this run resumes from until the run has ended.
         """
-        from workbench.checkpoint.store import CheckpointStore
-
         self._require_main("delete_checkpoint")
         name = str(name)
         if not name or Path(name).name != name:

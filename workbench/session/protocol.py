@@ -130,22 +130,26 @@ class SessionLike(Protocol):
         """Delete a checkpoint by name; the protected ones and the one in use are refused."""
         ...
 
-    def resume_from(self, checkpoint: str | Path) -> SessionLike:
-        """Restart this run from a complete checkpoint where it runs (a RemoteSession: in the
-        run's process); a live run is stopped first, without saving. Returns once restarted."""
+    def resume_from(self, checkpoint: str | Path, *, other_run: bool = False) -> SessionLike:
+        """Restart this run from one of its checkpoints (a name, or a path in its output_dir;
+        another run's only with ``other_run``) where it runs (a RemoteSession: in the run's
+        process). The checkpoint must verify and fit the model, checked first; then a live run
+        is stopped, without saving. Returns once restarted."""
         ...
 
     def parse_overrides(self, text: str | Mapping[str, str]) -> dict[str, Any]:
         """``"key=value, key=value"`` or ``{key: text}`` as typed, read into a dict of overrides."""
         ...
 
-    def check_branch(self, checkpoint: str | Path, output_dir: str | Path, **overrides: Any) -> dict[str, Any]:
+    def check_branch(self, checkpoint: str | Path, output_dir: str | Path, *, other_run: bool = False,
+                     **overrides: Any) -> dict[str, Any]:
         """Everything branch() refuses, checked without side effects; returns the overrides validated."""
         ...
 
-    def branch(self, checkpoint: str | Path, output_dir: str | Path, save: bool = True,
+    def branch(self, checkpoint: str | Path, output_dir: str | Path, save: bool = True, *, other_run: bool = False,
                **overrides: Any) -> SessionLike:
-        """A new run from ``checkpoint`` into its own ``output_dir`` with changed arguments. A
+        """A new run from ``checkpoint`` (as resume_from() takes it) into ``output_dir``, a new
+        or empty folder, with changed arguments. A
         live run is stopped first (with a checkpoint unless ``save=False``) and the branch is
         started (a RemoteSession's in the run's process, and attached to); from an ended local
         run the branch is returned not started."""
