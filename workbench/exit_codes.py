@@ -1,19 +1,21 @@
 """The process exit codes of ``workbench`` commands, in one place (DESIGN.md section 3).
 
 0 finished; 1 training failed; 2 a usage or config error (one line on stderr); 3 no live run
-answers (``workbench ctl``); 130 Ctrl-C or a stop without saving; 143 stopped by SIGTERM
-after the just-in-time checkpoint (schedulers must see "preempted", not "finished").
+answers (``workbench ctl``); 129 stopped by SIGHUP (the terminal closed) after a checkpoint;
+130 Ctrl-C or a stop without saving; 143 stopped by SIGTERM after the just-in-time checkpoint
+(schedulers must see "preempted", not "finished").
 """
 
 from __future__ import annotations
 
-__all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_NO_RUN", "EXIT_INTERRUPTED", "EXIT_TERMINATED",
+__all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_NO_RUN", "EXIT_HANGUP", "EXIT_INTERRUPTED", "EXIT_TERMINATED",
            "OUTCOME_CODES", "run_exit_code"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_NO_RUN = 3
+EXIT_HANGUP = 129
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 
@@ -25,6 +27,7 @@ OUTCOME_CODES = {
     "interrupted": EXIT_INTERRUPTED,  # ctrl+c: stop and save, then exit
     "aborted": EXIT_INTERRUPTED,    # a second ctrl+c: exit without waiting for the save
     "terminated": EXIT_TERMINATED,  # SIGTERM: stop and save, then exit
+    "hangup": EXIT_HANGUP,          # SIGHUP (the terminal closed): stop and save, then exit
     "failed": EXIT_FAILED,
     "crashed": EXIT_FAILED,         # the dashboard itself failed; a local run was stopped and saved
     "detached": EXIT_OK,            # an attached dashboard left; the run goes on elsewhere
@@ -46,6 +49,8 @@ def run_exit_code(status: str, stop_reason: str | None = None, saved: bool = Tru
         return EXIT_FAILED
     if stop_reason == "SIGTERM":
         return EXIT_TERMINATED
+    if stop_reason == "SIGHUP":
+        return EXIT_HANGUP
     if stop_reason == "SIGINT" or (stop_reason is not None and not saved):
         return EXIT_INTERRUPTED
     return EXIT_OK

@@ -56,10 +56,15 @@ OUTCOMES = (
     "interrupted",  # ctrl+c: stop and save, then exit
     "aborted",      # a second ctrl+c: exit without waiting for the save
     "terminated",   # SIGTERM: stop and save, then exit
+    "hangup",       # SIGHUP (the CLI stopped the run with a checkpoint): exit
     "failed",
     "crashed",      # the dashboard itself failed; a local run was stopped and saved, a remote one goes on
     "detached",     # an attached dashboard left; the run goes on where it runs
 )
+
+
+# A run stopped by these signals ends the dashboard with the outcome their exit code goes with.
+_SIGNAL_OUTCOMES = {"SIGTERM": "terminated", "SIGHUP": "hangup"}
 
 
 class DashboardApp(App[str]):
@@ -156,8 +161,9 @@ class DashboardApp(App[str]):
         # The snapshot's status, not session.status: for a run in another process each of
         # those is a round trip, and this runs several times a second.
         ended = snap.status in TERMINAL
-        if ended and self._quitting is None and self.session.stop_reason == "SIGTERM":
-            self._quitting = "terminated"  # preempted through another rank: leave as the scheduler expects
+        if ended and self._quitting is None and self.session.stop_reason in _SIGNAL_OUTCOMES:
+            # Preempted through another rank, or stopped on a hang-up: leave as the scheduler expects.
+            self._quitting = _SIGNAL_OUTCOMES[self.session.stop_reason]
         successor = self.session.successor if ended else None
         if successor is not None and successor is not self._successor_told:
             # A branch took the run's process over (a remote `checkpoints branch`): follow it

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = ["LOCK_NAME", "OWNER_ENV", "OutputDirBusy", "OutputDirLock", "hold_output_dir", "check_not_busy",
-           "check_writable", "pid_alive"]
+           "check_writable", "pid_alive", "release_held"]
 
 log = logging.getLogger("workbench")
 
@@ -174,6 +174,14 @@ class OutputDirLock:
         finally:
             os.close(self._fd)
             self._fd = None
+
+
+def release_held(output_dir: str | os.PathLike) -> None:
+    """Release this process's lock on ``output_dir`` (the CLI's), if it holds one: for a
+    process about to leave without unwinding (a closed terminal, hangup.py)."""
+    lock = _HELD.get(str(Path(output_dir).resolve()))
+    if lock is not None:
+        lock.release()
 
 
 def check_not_busy(output_dir: str | os.PathLike) -> None:

@@ -421,12 +421,15 @@ class Session(CheckpointCommands):
             self._unpaused.notify_all()
         return self._status
 
-    def stop(self, save: bool = True) -> Status:
-        """Stop at the next safe point (step end or evaluation batch), saving a checkpoint first."""
+    def stop(self, save: bool = True, reason: str = "session") -> Status:
+        """Stop at the next safe point (step end or evaluation batch), saving a checkpoint first.
+
+        ``reason``: who asks, for the end record and the exit code ("SIGHUP" from the CLI when
+        the terminal closed; the front-ends' stops are the session's)."""
         with self._lock:
             if self._status in ENDED or self._status == Status.IDLE:
                 return self._status
-            self.trainer.stop_request.set("session", save=save)
+            self.trainer.stop_request.set(reason, save=save)
             self._set_status(Status.STOPPING)
             self._pause_requested.clear()
             self._unpaused.notify_all()

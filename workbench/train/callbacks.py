@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import abc
 import enum
+import errno
 import logging
 import math
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -370,6 +372,20 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+def print_line(text: str, stream: TextIO | None = None) -> TextIO | None:
+    """Print a progress line to ``stream`` (stdout by default); returns the stream for the next
+    one. When the terminal has hung up (EIO) or a pipe's reader has left (EPIPE), progress has
+    no one to go to and must not end the run (the CLI stops a hung-up run with a checkpoint):
+    the line is dropped and later ones go to /dev/null."""
+    try:
+        print(text, file=stream or sys.stdout, flush=True)
+    except OSError as exc:
+        if exc.errno not in (errno.EIO, errno.EPIPE):
+            raise
+        return open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as its printer
+    return stream
+
+
 class ProgressCallback(TrainerCallback):
     """Headless progress, the role HF's tqdm bars play: one line per log (step/total, epoch,
     loss, LR, samples/s, ETA) and one per evaluation, on the main process only. It is the
@@ -383,11 +399,9 @@ class ProgressCallback(TrainerCallback):
         self._world = 1
 
     def _write(self, text: str) -> None:
-        print(text, file=self.stream or sys.stdout, flush=True)
+        self.stream = print_line(text, self.stream)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        import os
-
         self._start = time.perf_counter()
         self._start_step = state.global_step
         self._world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -437,6 +451,8 @@ class PrinterCallback(TrainerCallback):
     """HF's bare printer: each log dict as it is (floats as ``.4g``, without total_flos), on
     the local main process. The Trainer uses it instead of ProgressCallback with ``disable_tqdm``."""
 
+    stream: TextIO | None = None  # stdout; /dev/null once the terminal is gone (print_line)
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs:
             # As HF's, on every process: total_flos leaves the logs dict itself, so with
@@ -445,7 +461,7 @@ class PrinterCallback(TrainerCallback):
         if not state.is_local_process_zero or not logs:
             return
         shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in logs.items()}
-        print(shown, flush=True)
+        self.stream = print_line(str(shown), self.stream)
 
 
 def _rebuilt(cls: type, state: dict[str, Any]) -> Any:
