@@ -409,7 +409,7 @@ def test_a_snapshot_lists_the_newest_interventions_and_counts_all(tmp_path):
     trainer = Trainer(model=Regression(), train_dataset=data,
                       args=make_args(tmp_path / "s", max_steps=steps, per_device_train_batch_size=BATCH,
                                      learning_rate=0.05, seed=3, logging_steps=50))
-    session = Session(trainer, guard=Guard(nonfinite="skip"), control=False)
+    session = Session(trainer, guard=Guard(nonfinite="skip", max_no_progress=None), control=False)
     assert session.start().wait(120) == "finished"
     snap = session.snapshot()
     assert snap.guard_interventions == steps

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 from workbench.exit_codes import (  # noqa: F401 - re-exported for callers of the CLI
     EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO_RUN, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE, OUTCOME_CODES, run_exit_code)
+from workbench.hangup import HangupWatch
 
 __all__ = ["main"]
 
@@ -223,7 +224,7 @@ def _plan_output_dir(output_dir: Path, resume: object, overwrite: bool) -> tuple
     Refuses to clobber saved work, and checks an explicit ``--resume PATH`` before anything is
     created. Under several ranks only rank 0 speaks.
     """
-    from workbench.checkpoint.store import CheckpointStore
+    from workbench.checkpoint.store import CheckpointStore, refused_text
     from workbench.distributed.world import is_main_process
 
     store = CheckpointStore(output_dir)
@@ -235,11 +236,17 @@ def _plan_output_dir(output_dir: Path, resume: object, overwrite: bool) -> tuple
         _check_resume_path(path)
         return str(path), False
     if resume is True:
-        if store.latest_verified() is None:
-            if is_main_process():
-                print(f"workbench: no complete checkpoint in {output_dir}; starting fresh", file=sys.stderr)
-            return None, False
-        return True, False
+        found, refused = store.newest_usable()
+        if found is not None or store.foreign_fallback() is not None:
+            return True, False
+        if refused:
+            # A requeued job must not start over on top of saved work it cannot read.
+            raise UsageError(f"--resume: no checkpoint in {output_dir} verifies: {refused_text(refused)}; "
+                             f"nothing was started or changed. Accept one as it is with 'workbench checkpoints "
+                             f"{output_dir} --reseal NAME', or start over with --overwrite")
+        if is_main_process():
+            print(f"workbench: no complete checkpoint in {output_dir}; starting fresh", file=sys.stderr)
+        return None, False
     complete = [c for c in store.list() if c.complete]
     if complete and not overwrite:
         raise UsageError(
@@ -440,14 +447,16 @@ def _train(ns: argparse.Namespace, run, trainer, resume: object) -> int:
             return
         raise KeyboardInterrupt
 
-    # Ctrl-C asks for the same save-and-stop as SIGTERM; the Trainer routes SIGTERM itself
-    # when enable_jit_checkpoint is set (schedulers then see 143, "preempted").
+    # Ctrl-C and a closed terminal (SIGHUP) ask for the same save-and-stop as SIGTERM; the
+    # Trainer routes SIGTERM itself when enable_jit_checkpoint is set (schedulers then see
+    # 143, "preempted").
     restore = install_stop_handlers(_CurrentStop(current), [signal.SIGINT], on_repeat=abort)
     try:
-        if session is not None:
-            session.run()
-        else:
-            trainer.train(resume_from_checkpoint=resume)
+        with HangupWatch(stop=lambda: _CurrentStop(current).set("SIGHUP")):
+            if session is not None:
+                session.run()
+            else:
+                trainer.train(resume_from_checkpoint=resume)
     except KeyboardInterrupt:
         print("\nworkbench: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -464,8 +473,8 @@ def _train(ns: argparse.Namespace, run, trainer, resume: object) -> int:
     step = trainer.state.global_step
     reason = trainer.stop_decision.reason  # with several ranks: whichever rank was signalled
     say = print if main_rank else (lambda *a, **k: None)
-    if reason == "SIGTERM":
-        say(f"workbench: stopped by SIGTERM at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
+    if reason in ("SIGTERM", "SIGHUP"):
+        say(f"workbench: stopped by {reason} at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
     elif reason == "SIGINT":
         say(f"workbench: interrupted at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
     elif reason == "session" and request.save:  # workbench ctl stop: as the quit dialog (saved: 0, not: 130)
@@ -474,7 +483,9 @@ def _train(ns: argparse.Namespace, run, trainer, resume: object) -> int:
         say(f"workbench: stopped at step {step} without saving", file=sys.stderr)
     elif step < trainer.state.max_steps and _stopped_by_guard(trainer):
         count = len(trainer.workbench_state.guard["interventions"])
-        say(f"workbench: stopped by the guard at step {step} after {count} interventions (guard events in "
+        stuck = (trainer.workbench_state.guard.get("progress") or {}).get("escalated")
+        why = f"no progress: {stuck}; " if stuck else ""
+        say(f"workbench: stopped by the guard at step {step} after {count} interventions ({why}guard events in "
             f"{output_dir / 'events.jsonl'}); checkpoint saved in {output_dir}", file=sys.stderr)
     else:
         say(f"workbench: finished; files in {output_dir}")
@@ -496,9 +507,12 @@ class _CurrentStop:
 def _stopped_by_guard(trainer) -> bool:
     """Whether the guard ended this run early: its last intervention asked to stop or pause
     (headless, a pause stops), or reached ``max_interventions``."""
-    guard, records = trainer.guard, (trainer.workbench_state.guard or {}).get("interventions") or []
+    saved = trainer.workbench_state.guard or {}
+    guard, records = trainer.guard, saved.get("interventions") or []
     if guard is None or not records:
         return False
+    if (saved.get("progress") or {}).get("escalated"):
+        return True
     limit = guard.max_interventions
     return records[-1]["action"] in ("stop", "pause") or (limit is not None and len(records) >= limit)
 
@@ -509,19 +523,35 @@ def _run_dashboard(ns: argparse.Namespace, trainer, resume: object, output_dir: 
     The app returns an outcome; its exit code follows DESIGN.md (q then Enter saves and
     exits 0). Messages are printed after the app has given the terminal back.
     """
-    from workbench.widgets.tui import run_dashboard
-
+    from workbench.checkpoint.lock import release_held
     from workbench.session.local import Session
     from workbench.session.protocol import ENDED
-
     from workbench.train.callbacks import PrinterCallback, ProgressCallback
+    from workbench.widgets.tui import run_dashboard
 
     for printer in (ProgressCallback, PrinterCallback):  # the dashboard shows progress; prints would tear it
         trainer.remove_callback(printer)
     serve = not ns.no_control and trainer.args.control is not False  # as headless: on unless turned off
     session = Session(trainer, resume_from_checkpoint=resume, control=serve,
                       control_port=ns.control_port, control_host=ns.control_host)
-    outcome = run_dashboard(session)
+
+    def last_run():
+        run = session
+        while run.successor is not None:
+            run = run.successor
+        return run
+
+    def finish() -> None:
+        """The terminal is gone: the run's checkpoint and end record, then nothing held."""
+        last_run().wait()
+        run = session
+        while run is not None:
+            run.close()  # its endpoint and control.json
+            run = run.successor
+        release_held(output_dir)
+
+    with HangupWatch(stop=lambda: last_run().stop(save=True, reason="SIGHUP"), finish=finish):
+        outcome = run_dashboard(session)
     # A branch (made in the dashboard or by a remote `checkpoints branch`) takes this process
     # over: the dashboard follows it, and what is reported below is the last run's.
     run = session
@@ -549,6 +579,8 @@ def _run_dashboard(ns: argparse.Namespace, trainer, resume: object, output_dir: 
     if outcome == "crashed":
         print(f"workbench: the dashboard failed; the run was stopped at step {step} and saved in {output_dir}",
               file=sys.stderr)
+    elif outcome == "hangup":
+        print(f"workbench: stopped by SIGHUP at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
     elif outcome in ("saved", "interrupted", "terminated"):
         print(f"workbench: stopped at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
     elif outcome in ("stopped", "aborted"):

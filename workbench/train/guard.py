@@ -43,7 +43,7 @@ from workbench.train.args import ArgumentError
 from workbench.train.guard_checks import MAX_PENDING, DeviceChecks, HostChecks, checks_on_host
 
 
-__all__ = ["Guard", "GuardMonitor", "NONFINITE_ACTIONS", "SPIKE_ACTIONS", "GUARD_FIELDS"]
+__all__ = ["Guard", "GuardMonitor", "EventBudget", "NONFINITE_ACTIONS", "SPIKE_ACTIONS", "GUARD_FIELDS"]
 
 DataOrder = Any  # annotations only: workbench.data.order is imported by the loop that sets it
 Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
@@ -65,6 +65,9 @@ class Guard:
     ``lr_backoff``: factor applied to the learning rate after a rollback (None: unchanged).
     ``max_interventions``: after this many, pause an interactive run or stop a headless run
     with a checkpoint (None: no limit).
+    ``max_no_progress``: escalate the same way when the guard makes no progress: this many
+    interventions in a row without an accepted step between them (every step non-finite, or
+    skipped), or this many rollbacks to the same step (None: never).
     """
 
     nonfinite: str = "off"
@@ -76,6 +79,7 @@ class Guard:
     rollback_skip: int = 0
     lr_backoff: float | None = None
     max_interventions: int | None = None
+    max_no_progress: int | None = 10
 
     def __post_init__(self) -> None:
         # ArgumentError names the field: the config loader turns it into "file:line: guard.KEY: reason".
@@ -94,10 +98,10 @@ class Guard:
                                             or not isinstance(self.lr_backoff, (int, float))
                                             or not 0 < self.lr_backoff <= 1):
             raise ArgumentError("lr_backoff", f"expected a factor in (0, 1], got {self.lr_backoff!r}")
-        if self.max_interventions is not None and (isinstance(self.max_interventions, bool)
-                                                   or not isinstance(self.max_interventions, int)
-                                                   or self.max_interventions < 1):
-            raise ArgumentError("max_interventions", f"expected an integer >= 1, got {self.max_interventions!r}")
+        for name in ("max_interventions", "max_no_progress"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ArgumentError(name, f"expected an integer >= 1, got {value!r}")
 
     @property
     def active(self) -> bool:
@@ -162,6 +166,12 @@ class GuardMonitor:
         # ([epoch, micro-batch], set by the loop each step). Both go into checkpoints.
         self.skipped = 0
         self.position: tuple[int, int] | None = None
+        # No progress (Guard.max_no_progress): interventions since the last accepted step, and
+        # rollbacks per restored step, since the last escalation; why the last one escalated.
+        self.in_a_row = 0
+        self.restores: dict[int, int] = {}
+        self.escalated: str | None = None
+        self.events = EventBudget()
         if saved:
             self.restore(saved)
 
@@ -207,9 +217,11 @@ class GuardMonitor:
             return []
         found = []
         for (where, (nonfinite, spike, loss, threshold)) in zip(self._where[:count], self.checks.read(count)):
-            if not (nonfinite or spike):
-                continue
             step, epoch, first, last = where
+            if not (nonfinite or spike):
+                self.in_a_row = 0  # an accepted step: the guard is getting somewhere
+                continue
+            self.in_a_row += 1
             kind = "nonfinite" if nonfinite else "spike"
             action = self.guard.nonfinite if nonfinite else self.guard.spike
             record = {"step": step, "rank": rank, "kind": kind, "value": _json_number(loss),
@@ -236,11 +248,39 @@ class GuardMonitor:
         limit = self.guard.max_interventions
         return limit is not None and len(self.interventions) >= limit
 
+    def rolled_back_to(self, step: int) -> None:
+        """A rollback restored ``step`` (counted for max_no_progress)."""
+        self.restores[step] = self.restores.get(step, 0) + 1
+
+    def no_progress(self) -> str | None:
+        """Why the guard is getting nowhere (Guard.max_no_progress), in a few words, or None.
+        Saying so starts the count again: after an escalation (a pause the user resumes) the
+        run gets as many tries again."""
+        limit = self.guard.max_no_progress
+        if limit is None:
+            return None
+        why = None
+        step = next((s for s, n in self.restores.items() if n >= limit), None)
+        if step is not None:
+            why = f"{self.restores[step]} rollbacks to step {step} without getting past it"
+        elif self.in_a_row >= limit:
+            recent = self.interventions[-self.in_a_row:]
+            kinds = " and ".join(sorted({r["kind"] for r in recent}))
+            first, last = min(r["step"] for r in recent), max(r["step"] for r in recent)
+            where = f"steps {first}-{last}" if first != last else f"step {first}"
+            why = f"{self.in_a_row} interventions in a row without an accepted step ({kinds}, {where})"
+        if why is not None:
+            self.in_a_row, self.restores, self.escalated = 0, {}, why
+        return why
+
     def export(self) -> dict[str, Any]:
         """What a checkpoint keeps (workbench_state.json): interventions and the detector's
         state, so a resumed run decides exactly as the uninterrupted one. Call ``collect`` first."""
         data = {"skipped": self.skipped, "position": list(self.position) if self.position else None}
-        return {"interventions": [dict(r) for r in self.interventions], **self.detector(), "data": data}
+        progress = {"in_a_row": self.in_a_row, "restores": {str(k): v for k, v in self.restores.items()},
+                    "escalated": self.escalated}
+        return {"interventions": [dict(r) for r in self.interventions], **self.detector(), "data": data,
+                "progress": progress}
 
     def detector(self) -> dict[str, Any]:
         """The spike detector's state (a host read of the running-median ring)."""
@@ -253,6 +293,10 @@ class GuardMonitor:
         data = saved.get("data") or {}
         self.skipped = int(data.get("skipped", 0))
         self.position = tuple(data["position"]) if data.get("position") else None
+        progress = saved.get("progress") or {}
+        self.in_a_row = int(progress.get("in_a_row", 0))
+        self.restores = {int(k): int(v) for k, v in (progress.get("restores") or {}).items()}
+        self.escalated = progress.get("escalated")
         self.restore_detector(saved)
 
     def restore_detector(self, saved: dict[str, Any]) -> None:
@@ -260,6 +304,44 @@ class GuardMonitor:
         ring = saved.get("ring")
         if ring is not None and len(ring) == self.guard.window:
             self.checks.set_ring(ring, int(saved.get("pos", 0)) % self.guard.window, int(saved.get("seen", 0)))
+
+
+class EventBudget:
+    """At most ``per_minute`` guard events a minute in events.jsonl: a run whose every step is
+    bad would otherwise write a line a step. Past the budget the records are counted, and one
+    ``guard_summary`` record says how many of which kind were left out (every intervention
+    stays in workbench_state.json and the checkpoints)."""
+
+    def __init__(self, per_minute: int = 60) -> None:
+        self.per_minute = per_minute
+        self._start: float | None = None
+        self._written = 0
+        self._left_out: dict[str, int] = {}
+        self._steps: list[int] = []
+
+    def admit(self, record: dict[str, Any], now: float) -> tuple[bool, dict[str, Any] | None]:
+        """(whether ``record`` is written, the summary of an ended minute that left records out,
+        to write before it)."""
+        summary = None
+        if self._start is None or now - self._start >= 60:
+            summary = self.summary() if self._start is not None else None
+            self._start, self._written = now, 0
+        if self._written < self.per_minute:
+            self._written += 1
+            return True, summary
+        self._left_out[record["kind"]] = self._left_out.get(record["kind"], 0) + 1
+        self._steps = [self._steps[0] if self._steps else record["step"], record["step"]]
+        return False, summary
+
+    def summary(self) -> dict[str, Any] | None:
+        """The ``guard_summary`` fields for the records left out so far (None: none were), and
+        forget them."""
+        if not self._left_out:
+            return None
+        out = {"left_out": dict(self._left_out), "count": sum(self._left_out.values()),
+               "steps": list(self._steps), "per_minute": self.per_minute}
+        self._left_out, self._steps = {}, []
+        return out
 
 
 def _supports_found_inf(optimizer: torch.optim.Optimizer) -> bool:

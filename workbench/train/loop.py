@@ -8,10 +8,12 @@ per step). Callbacks steer the loop only through ``TrainerControl`` flags.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,11 +23,14 @@ from workbench.checkpoint.lock import check_writable
 from workbench.data.samplers import draw_iterator_seed, start_loader_epoch
 from workbench.train.rng import CollationRng, draws_random
 from workbench.train.run_state import WorkbenchState
+from workbench.train.tracking import EventLog
 from workbench.train.trainer_utils import TrainOutput, has_length, speed_metrics, unwrap_model
 from workbench.train.schedules import steps_per_update
 
 
 __all__ = ["TrainingLoop"]
+
+log = logging.getLogger("workbench")
 
 Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
@@ -96,7 +101,8 @@ class TrainingLoop:
 
     # -- the run ---------------------------------------------------------------------------
 
-    def run(self, resume_from_checkpoint: str | bool | None, ignore_keys_for_eval: list[str] | None) -> TrainOutput:
+    def run(self, checkpoint: Path | None, ignore_keys_for_eval: list[str] | None) -> TrainOutput:
+        """Train from the start, or from ``checkpoint`` (a folder the store resolved and verified)."""
         trainer, args, acc = self.trainer, self.args, self.accelerator
         from workbench.checkpoint.store import CheckpointStore
         from workbench.checkpoint.trainer_state import load_training_state
@@ -106,7 +112,6 @@ class TrainingLoop:
         store = CheckpointStore(args.output_dir)
         if acc.is_main_process:
             check_writable(store.root)
-        checkpoint = store.resolve_resume(resume_from_checkpoint) if resume_from_checkpoint else None
         loader = trainer.get_train_dataloader()
         self.collation = _track_collation(loader, args.gradient_accumulation_steps)
         self._trained = 0  # batches of the current iterator that training has taken
@@ -319,8 +324,9 @@ class TrainingLoop:
             trainer.control = handler.on_step_end(args, state, trainer.control)
             if guard is not None:
                 self._guard_point()
-                if self._restart is not None:
-                    return  # rolled back: this epoch's iterator is stale; run() restarts the data
+                if self._restart is not None:  # rolled back: this epoch's iterator is stale; run() restarts the data
+                    self._stop_after_rollback(model, ignore_keys, start_time)
+                    return
                 if self.snapshots is not None and self.snapshots.due(state.global_step):
                     self._take_snapshot()
             self._log_save_evaluate(model, ignore_keys, start_time)
@@ -333,8 +339,15 @@ class TrainingLoop:
             # would not know to).
             self._guard_point()
             if self._restart is not None:
+                self._stop_after_rollback(model, ignore_keys, start_time)
                 return
         self._log_save_evaluate(model, ignore_keys, start_time)
+
+    def _stop_after_rollback(self, model, ignore_keys: list[str] | None, start_time: float) -> None:
+        """A rollback that also stops the run (max_interventions, no progress) saves the
+        restored boundary: run() leaves before the data restarts."""
+        if self.trainer.control.should_training_stop:
+            self._log_save_evaluate(model, ignore_keys, start_time)
 
     def pending_batches(self) -> list[dict[str, Any]]:
         """The host random streams of batches collated but not trained yet (rng.CollationRng),
@@ -408,8 +421,17 @@ class TrainingLoop:
                 or state.global_step >= state.max_steps or snapshot_due or self._rollback_due):
             return
         self.collect_guard(act=True)
-        # max_interventions acts once, when an intervention reaches it.
-        pause = any(r["action"] == "pause" for r in guard.new) or (bool(guard.new) and guard.limit_reached())
+        # max_interventions acts once, when an intervention reaches it; a guard getting nowhere
+        # (max_no_progress) escalates the same way, saying why.
+        stuck = guard.no_progress() if guard.new else None
+        if stuck is not None:
+            trainer.workbench_state.guard = guard.export()  # the checkpoint says why
+            log.warning("guard: no progress: %s; %s", stuck, "pausing" if trainer.guard_pause is not None
+                        else "stopping with a checkpoint")
+            if self.accelerator.is_main_process:
+                EventLog(self.args.output_dir).write("guard_escalated", state.global_step, reason=stuck)
+        pause = (any(r["action"] == "pause" for r in guard.new) or (bool(guard.new) and guard.limit_reached())
+                 or stuck is not None)
         stop = any(r["action"] == "stop" for r in guard.new)
         if pause and not stop and trainer.guard_pause is not None:
             trainer.guard_pause()  # interactive: the Session pauses before the next step
@@ -437,11 +459,14 @@ class TrainingLoop:
             self._roll_back(self._rollback_due[0])  # the earliest bad step: later ones are undone with it
             self._rollback_due = []
         if guard.new and acc.is_main_process:
-            from workbench.train.tracking import EventLog
-
-            log = EventLog(self.args.output_dir)
+            events = EventLog(self.args.output_dir)
+            now = time.time()
             for record in guard.new:
-                log.write("guard", record["step"], **{k: v for k, v in record.items() if k != "step"})
+                write, summary = guard.events.admit(record, now)
+                if summary is not None:
+                    events.write("guard_summary", record["step"], **summary)
+                if write:
+                    events.write("guard", record["step"], **{k: v for k, v in record.items() if k != "step"})
         trainer.workbench_state.guard = guard.export()
 
     def _roll_back(self, record: dict[str, Any]) -> None:
@@ -456,6 +481,7 @@ class TrainingLoop:
         if resume is None:
             return
         self._restart = resume
+        self.guard.rolled_back_to(state.global_step)
         # The unlogged losses are partly of undone steps: dropped, counted from the restored step.
         self.window.reset()
         self.last_logged = state.global_step
@@ -542,6 +568,9 @@ class TrainingLoop:
         trainer, args = self.trainer, self.args
         state = trainer.state
         trainer._training_loop = None
+        summary = self.guard.events.summary() if self.guard is not None else None
+        if summary is not None and self.accelerator.is_main_process:
+            EventLog(args.output_dir).write("guard_summary", state.global_step, **summary)
         # Fold in loss not yet logged, so train_loss covers every step.
         steps_run = max(state.global_step - start_step, 1)
         remaining = self.window.total().item() if state.global_step > self.last_logged else 0.0
