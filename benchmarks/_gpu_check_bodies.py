@@ -39,7 +39,7 @@ from torch import nn
 from torch.utils.data import Dataset, Subset
 
 from workbench import Guard, Session, Trainer, TrainerCallback, TrainingArguments
-from workbench.train import guard_checks
+from workbench.guard import checks as guard_checks
 
 DEVICE = "cpu"  # set by configure(): "cuda" or "cpu"
 CUDA = False
@@ -766,7 +766,7 @@ def _round_trip(tmp: str, problems: list[str]) -> str:
 def _blocked_times(tmp: str) -> tuple[str, dict[str, Any]]:
     """Seconds the loop would be blocked: a rollback snapshot, a sync save, an async save;
     and the state's host copy plain vs into reused pinned buffers (CUDA only)."""
-    from workbench.checkpoint.snapshots import Snapshot
+    from workbench.guard.ring import RollbackPoint
     from workbench.checkpoint.state_dicts import host_copy
 
     width, layers, repeats = (4096, 6, 2) if CUDA else (1024, 3, 2)
@@ -798,7 +798,7 @@ def _blocked_times(tmp: str) -> tuple[str, dict[str, Any]]:
         return blocked
 
     rows: dict[str, Callable[[], float]] = {
-        "snapshot": partial(timed, lambda: Snapshot.take(trainer, (0, 0), {"ring": [], "pos": 0, "seen": 0})),
+        "snapshot": partial(timed, lambda: RollbackPoint.take(trainer, {"ring": [], "pos": 0, "seen": 0})),
         "sync save": partial(save, False),
         "async save": partial(save, True),
         "host copy .to(cpu)": partial(timed, lambda: host_copy(tensors)),

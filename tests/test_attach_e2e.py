@@ -21,7 +21,7 @@ import pytest
 
 from workbench.checkpoint.store import CheckpointStore
 from workbench.control.discovery import CONTROL_FILE, read_control
-from workbench.train.tracking import read_events
+from workbench.core.event_file import read_events
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_control import CTL_CONFIG, workbench  # noqa: E402 - the headless run config and the CLI helper

@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import load_file
 
 from workbench.checkpoint.store import CheckpointStore
-from workbench.train.tracking import read_events
+from workbench.core.event_file import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX mounts, signals and sockets")

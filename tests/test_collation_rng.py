@@ -21,7 +21,7 @@ from workbench import Trainer, TrainerCallback
 from workbench.data.builtin import TensorDictDataset
 from workbench.data.collators import DataCollatorWithPadding, default_data_collator
 from workbench.models import TinyGPT
-from workbench.train.rng import CollationRng, draws_random
+from workbench.core.rng import CollationRng, draws_random
 
 VOCAB, SEQ = 40, 12
 _ids = torch.randint(0, VOCAB, (64, SEQ), generator=torch.Generator().manual_seed(0))

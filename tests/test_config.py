@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from workbench.config.toml_lines import find_lines, line_of
-from workbench.train.args import TrainingArguments
+from workbench.core.args.training import TrainingArguments
 from workbench.config.loader import (
     ConfigError,
     config_from_dict,

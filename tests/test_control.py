@@ -20,8 +20,8 @@ from workbench.control.client import Connection, attach
 from workbench.control.discovery import CONTROL_FILE, NoLiveRun, read_control, write_control
 from workbench.control.protocol import (
     MAX_LINE, ProtocolError, decode_request, downsample, encode, snapshot_from_dict, snapshot_to_dict)
-from workbench.session.protocol import SessionLike, Status
-from workbench.train.tracking import read_events
+from workbench.door.protocol import SessionLike, Status
+from workbench.core.event_file import read_events
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_session_door import Slow, make_session, wait_for  # noqa: E402 - the shared tiny real Session
@@ -382,7 +382,7 @@ def test_an_edit_keeps_its_reason_locally_remotely_and_across_ranks_records(tmp_
     assert edits[0]["reason"] == "eval loss flat for 3 evals" and "reason" not in edits[1]
     assert [e.kind for e in session.events_since(0)[0]].count("edited") == 2
     # The rank agreement carries records with reasons; only the edits are applied.
-    from workbench.train.edits import edit_changes
+    from workbench.core.edits import edit_changes
 
     assert edit_changes(first) == {"learning_rate": 1e-3}
     remote.close()
@@ -464,9 +464,9 @@ def test_a_client_hears_how_the_run_ended_and_follows_its_restart(tmp_path, sess
 
 def test_a_run_gone_without_an_end_is_reported_as_killed(tmp_path):
     from workbench.control.outcome import end_note, last_outcome
-    from workbench.train.tracking import EventLog
+    from workbench.core.event_file import EventFile
 
-    log = EventLog(tmp_path)
+    log = EventFile(tmp_path)
     log.write("start", 0, max_steps=10, pid=41)
     log.write("end", 10, status="finished", stop_reason=None, saved=True, exit_code=0, pid=41)
     assert last_outcome(tmp_path)["exit_code"] == 0

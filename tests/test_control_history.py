@@ -22,8 +22,8 @@ from workbench.control.client import Connection, attach
 from workbench.control.discovery import CONTROL_FILE, read_control, write_control
 from workbench.control.protocol import MAX_LINE, encode
 from workbench.control.replies import FIELDS_BUDGET, MAX_EVENT_BYTES, PAGE_BYTES, ReplyCache
-from workbench.session.protocol import Status
-from workbench.session.state import SNAPSHOT_EDITS, CheckpointRow, SessionEvent, Snapshot
+from workbench.door.protocol import Status
+from workbench.door.values import SNAPSHOT_EDITS, CheckpointRow, SessionEvent, Snapshot
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_control import raw, running, sessions, workbench  # noqa: E402,F401 - shared helpers

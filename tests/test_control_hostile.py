@@ -26,8 +26,8 @@ from workbench.control.protocol import MAX_LINE, encode
 from workbench.control import requests as schema_module
 from workbench.control.requests import CHECKPOINT_ACTIONS, SCHEMAS, check_request
 from workbench import TrainerCallback
-from workbench.session.protocol import Status
-from workbench.train.tracking import read_events
+from workbench.door.protocol import Status
+from workbench.core.event_file import read_events
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_attach_e2e import headless_run  # noqa: E402 - a workbench run subprocess until its control.json

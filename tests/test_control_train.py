@@ -12,10 +12,10 @@ import pytest
 from workbench import Trainer, TrainingArguments, TrainerCallback, TrainOutput
 from workbench.control.client import attach
 from workbench.control.discovery import CONTROL_FILE, NoLiveRun, read_control
-from workbench.session.local import Session, SessionCallback
-from workbench.session.protocol import Status
-from workbench.train.args import ArgumentError
-from workbench.train.tracking import read_events
+from workbench.session.local import Session, SessionObserver
+from workbench.door.protocol import Status
+from workbench.core.args.training import ArgumentError
+from workbench.core.event_file import read_events
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_control import sessions  # noqa: E402, F401 - the fixture: started Sessions and their branches, cleaned up
@@ -91,7 +91,8 @@ def test_a_plain_trainer_with_control_on_is_steered_remotely(tmp_path):
     with pytest.raises(NoLiveRun):
         attach(out)
     assert trainer.control_owner is None
-    assert not any(isinstance(cb, SessionCallback) for cb in trainer.callback_handler.callbacks)
+    assert not any(isinstance(cb, SessionObserver) for cb in trainer.callback_handler.callbacks)
+    assert trainer.gates.steering is None
 
 
 def test_control_is_off_by_default_for_the_trainer_api(tmp_path):

@@ -1,4 +1,4 @@
-"""DataOrder (workbench/data/order.py): the dataset rows at loop positions, recomputed from
+"""DataOrder (workbench/guard/samples.py): the dataset rows at loop positions, recomputed from
 the epoch's deterministic order, for one process and for each rank of a sharded loader."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from accelerate.data_loader import BatchSamplerShard
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
-from workbench.data.order import DataOrder
+from workbench.guard.samples import DataOrder
 from workbench.data.samplers import BatchRebalanceSampler, EpochRandomSampler
 
 ROWS = list(range(30))

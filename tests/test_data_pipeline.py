@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from workbench import Trainer, TrainerCallback
-from workbench.train.args import ArgumentError
+from workbench.core.args.training import ArgumentError
 from workbench.data.collators import (
     DataCollatorForLanguageModeling,
     DataCollatorForSeq2Seq,

@@ -31,7 +31,7 @@ from workbench import (
 from workbench import metrics as wb_metrics
 from workbench.data.builtin import load_builtin_data
 from workbench.models import MLPClassifier
-from workbench.train.tracking import read_events
+from workbench.core.event_file import read_events
 from conftest import StopAt
 
 REPO = Path(__file__).resolve().parents[1]
@@ -328,7 +328,7 @@ def test_save_strategy_steps_checkpoint_contents(tmp_path, data):
         assert "model.safetensors" in manifest["files"]
         state = TrainerState.load_from_json(str(folder / "trainer_state.json"))
         assert state.global_step == step
-        from workbench.train.rng import numpy_safe_globals
+        from workbench.core.rng import numpy_safe_globals
 
         for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
             with numpy_safe_globals():  # HF's rng_state.pth layout: NumPy's state is an array

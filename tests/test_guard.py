@@ -19,9 +19,9 @@ from torch.utils.data import Dataset
 from conftest import StopAt, make_args
 from workbench import Guard, Trainer, TrainerCallback
 from workbench.config.loader import ConfigError, config_from_dict, load_config
-from workbench.train import guard_checks
-from workbench.train.args import ArgumentError
-from workbench.train.tracking import read_events
+from workbench.guard import checks as guard_checks
+from workbench.core.args.training import ArgumentError
+from workbench.core.event_file import read_events
 
 N, DIM, BATCH = 64, 8, 4
 
@@ -289,7 +289,7 @@ def test_resume_across_interventions_is_bitwise_equal(tmp_path, checks):
 
 
 def test_cpu_runs_judge_steps_on_the_host_and_accelerators_on_the_device():
-    from workbench.train.guard import GuardMonitor
+    from workbench.guard.monitor import GuardMonitor
 
     optimizer = torch.optim.AdamW([nn.Parameter(torch.ones(2))], fused=True)
     guard = Guard(nonfinite="skip", spike="skip")
@@ -402,7 +402,7 @@ def test_session_pauses_on_the_guard_and_counts_interventions(tmp_path):
 
 def test_a_snapshot_lists_the_newest_interventions_and_counts_all(tmp_path):
     from workbench import Session
-    from workbench.session.state import SNAPSHOT_INTERVENTIONS
+    from workbench.door.values import SNAPSHOT_INTERVENTIONS
 
     data = Poisoned(nan_ids=range(N))  # every step is non-finite: one intervention a step
     steps = SNAPSHOT_INTERVENTIONS + 14
@@ -420,7 +420,7 @@ def test_a_snapshot_lists_the_newest_interventions_and_counts_all(tmp_path):
 def _guarded_steps(guard: Guard, fused: bool, steps: list[tuple[float, float]], collect_at: set[int]):
     """Drive a GuardMonitor by hand with (loss, grad norm) pairs; returns (step, kind) of the
     interventions and the steps whose update left the weights unchanged."""
-    from workbench.train.guard import GuardMonitor
+    from workbench.guard.monitor import GuardMonitor
 
     param = nn.Parameter(torch.ones(3))
     optimizer = torch.optim.AdamW([param], lr=0.1, fused=fused)
@@ -473,7 +473,7 @@ def test_no_host_syncs_on_non_logging_steps_with_the_guard_on(tmp_path, monkeypa
     trainer.guard = Guard(nonfinite="skip", spike="skip", window=4)
     trainer.add_callback(end)
     trainer.train()
-    assert trainer._training_loop is None and trainer.workbench_state.guard is not None  # the guard ran
+    assert trainer.loop is None and trainer.workbench_state.guard is not None  # the guard ran
     assert counter.windows == 18 and counter.total > 0
     assert counter.in_window == 0, counter.where
 
@@ -520,12 +520,12 @@ def test_rollback_restores_a_snapshot_and_moves_past_the_bad_data(tmp_path, chec
     assert seen.count(nan_sample) == 1  # the bad sample is never replayed
     for ids in steps[4:7]:  # trained once before the rollback, never after it
         assert all(seen.count(i) == 1 for i in ids)
-    saved = trainer.workbench_state.guard
-    assert saved["data"] == {"skipped": 3, "position": [0, 15]}
+    position = trainer.position  # the data offset is the loop's position (core/run.py)
+    assert (position.skipped, position.epoch, position.batch) == (3, 0, 15)
 
 
 def test_a_long_rollback_keeps_the_count_not_the_list(tmp_path, monkeypatch):
-    import workbench.train.rollback as rollback
+    import workbench.guard.rollback as rollback
 
     steps = clean_order(tmp_path)
     monkeypatch.setattr(rollback, "MAX_LISTED_SAMPLES", 11)  # this rollback skips 12 rows
@@ -560,7 +560,7 @@ def test_resume_after_a_rollback_is_bitwise_equal(tmp_path):
     for a, b in zip(weights(whole), weights(resumed)):
         assert torch.equal(a, b)
     assert resumed.workbench_state.guard["interventions"] == whole.workbench_state.guard["interventions"]
-    assert resumed.workbench_state.guard["data"] == whole.workbench_state.guard["data"]
+    assert resumed.position == whole.position  # the data offset: the loop's position
 
 
 def test_resume_from_a_save_between_a_snapshot_and_the_bad_step_is_bitwise_equal(tmp_path):
@@ -585,7 +585,7 @@ def test_resume_from_a_save_between_a_snapshot_and_the_bad_step_is_bitwise_equal
     assert resumed.state.global_step == whole.state.global_step == 12
     for a, b in zip(weights(whole), weights(resumed)):
         assert torch.equal(a, b)
-    assert resumed.workbench_state.guard["data"] == whole.workbench_state.guard["data"]
+    assert resumed.position == whole.position  # the data offset: the loop's position
 
 
 def test_an_epoch_end_save_reads_the_guard_first(tmp_path):
@@ -646,7 +646,7 @@ import json, sys
 import torch
 from torch import nn
 from workbench import Guard, Trainer, TrainerCallback, TrainingArguments
-from workbench.train import guard_checks
+from workbench.guard import checks as guard_checks
 
 guard_checks.HOST_DECIDES_ON_CPU = sys.argv[-1] == "host"  # else the accelerator path, forced
 

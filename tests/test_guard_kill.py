@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from test_fault_tolerance import EventTail, Run, assert_same_weights, final_weights, launch, run_to_completion
-from workbench.train.tracking import read_events
+from workbench.core.event_file import read_events
 
 pytestmark = [pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals"), pytest.mark.slow]
 

@@ -23,8 +23,8 @@ import torch
 transformers = pytest.importorskip("transformers", reason="these tests compare with transformers (the test extra)")
 
 from workbench import Trainer, TrainingArguments  # noqa: E402
-from workbench.train.args import ArgumentError  # noqa: E402
-from workbench.train.edits import apply_edit  # noqa: E402
+from workbench.core.args.training import ArgumentError  # noqa: E402
+from workbench.core.edits import apply_edit  # noqa: E402
 from workbench.train.optim import get_optimizer_cls_and_kwargs  # noqa: E402
 from workbench.train.schedules import get_scheduler  # noqa: E402
 
@@ -565,7 +565,7 @@ def test_optimizers_of_absent_packages_fail_at_argument_time_naming_the_package(
 
 
 def test_every_transformers_optimizer_and_schedule_name_is_known():
-    from workbench.train.arg_enums import OptimizerNames, SchedulerType
+    from workbench.core.args.enums import OptimizerNames, SchedulerType
 
     assert [o.value for o in OptimizerNames] == [o.value for o in transformers.training_args.OptimizerNames]
     assert [s.value for s in SchedulerType] == [s.value for s in transformers.SchedulerType]

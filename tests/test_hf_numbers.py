@@ -31,8 +31,8 @@ transformers = pytest.importorskip("transformers", reason="the side-by-side runs
 from conftest import StopAt, assert_bitwise, weights  # noqa: E402
 from workbench import Guard, Session, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 from workbench.session.inspection import can_sample, inspect_model, sample_text  # noqa: E402
-from workbench.train.model_kinds import loss_uses_item_count, model_kind  # noqa: E402
-from workbench.train.tracking import read_events  # noqa: E402
+from workbench.models.kinds import loss_uses_item_count, model_kind  # noqa: E402
+from workbench.core.event_file import read_events  # noqa: E402
 
 WORDS = [f"w{i}" for i in range(40)]
 BOTH = {"hf": (transformers.Trainer, transformers.TrainingArguments), "wb": (Trainer, TrainingArguments)}

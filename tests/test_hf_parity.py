@@ -23,7 +23,7 @@ from workbench import (
     TrainerControl,
     TrainerState,
 )
-from workbench.train.callbacks import CallbackHandler
+from workbench.core.callbacks import CallbackHandler
 
 from conftest import StopAt, hf_logs, make_args
 
@@ -246,7 +246,7 @@ def test_flow_decisions_at_every_step_match_hf(tmp_path, case):
 def _comparable(history: list[dict]) -> list[dict]:
     """log_history without the timing metrics and without the train summary (whose train_loss,
     as in HF, covers the steps of that train() call only)."""
-    from workbench.records import is_timing_metric
+    from workbench.core.records import is_timing_metric
 
     return [{k: v for k, v in entry.items() if not is_timing_metric(k)} for entry in history
             if "train_runtime" not in entry]

@@ -29,7 +29,8 @@ from conftest import StopAt, hf_logs, tiny_bert, token_rows
 from workbench import EarlyStoppingCallback, ExportableState, Trainer, TrainerCallback, TrainingArguments
 from workbench.checkpoint.store import CheckpointStore
 from workbench.models import MLPClassifier
-from workbench.train.callbacks import DefaultFlowCallback, PrinterCallback, TrainerState, WorkbenchState
+from workbench.core.state import TrainerState, WorkbenchState
+from workbench.train.callbacks import DefaultFlowCallback, PrinterCallback
 
 try:
     import transformers
@@ -320,7 +321,8 @@ class Keep(logging.Handler):
         seen.append((record.name, record.getMessage().split(" ")[0]))
 logging.getLogger().addHandler(Keep())
 from workbench.checkpoint.store import CheckpointStore
-from workbench.train.callbacks import CallbackHandler, EarlyStoppingCallback
+from workbench.core.callbacks import CallbackHandler
+from workbench.train.callbacks import EarlyStoppingCallback
 CallbackHandler([EarlyStoppingCallback(), EarlyStoppingCallback()], None, None, None, None)
 (__import__("pathlib").Path({str(tmp_path)!r}) / ".tmp-checkpoint-1").mkdir()
 CheckpointStore({str(tmp_path)!r}).clean_temporaries()

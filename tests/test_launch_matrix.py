@@ -123,7 +123,7 @@ def _losses(checkpoint: Path) -> tuple[list[float], list[float]]:
 
 
 def test_cpu_ranks_are_chosen_where_there_is_no_accelerator(monkeypatch):
-    from workbench.distributed import world
+    from workbench.core import world
 
     for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_ID", "ACCELERATE_USE_CPU"):
         monkeypatch.delenv(name, raising=False)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workbench.train.losses import model_kind
+from workbench.models.losses import model_kind
 from workbench.models import BUILTIN_MODELS, MLPClassifier, TinyGPT, build_builtin_model
 
 

@@ -363,7 +363,7 @@ sys.exit(main(sys.argv[1:]))
 
 def test_fsdp_is_refused_where_accelerate_would_not_shard(tmp_path):
     from workbench import Trainer, TrainingArguments
-    from workbench.train.args import ArgumentError
+    from workbench.core.args.training import ArgumentError
     from workbench.models import MLPClassifier
 
     args = TrainingArguments(str(tmp_path), fsdp="full_shard auto_wrap", fsdp_config={"fsdp_version": 2}, use_cpu=True)

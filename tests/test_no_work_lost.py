@@ -169,7 +169,7 @@ def test_a_remote_restart_or_branch_with_a_bad_target_leaves_the_live_run_untouc
     from workbench.control.client import attach
     from workbench.control.discovery import CONTROL_FILE
     from workbench.models.mlp import MLPClassifier
-    from workbench.session.protocol import Status
+    from workbench.door.protocol import Status
 
     other = make_trainer(tmp_path / "other", max_steps=2, save_strategy="steps", save_steps=2)
     other.train()
@@ -304,7 +304,7 @@ def test_a_guard_getting_nowhere_stops_a_headless_run_with_a_checkpoint(tmp_path
     record says why; it used to roll back forever (epoch 155 after 5 minutes)."""
     from test_guard import N, Poisoned, run, weights as guard_weights
     from workbench import Guard
-    from workbench.train.tracking import read_events
+    from workbench.core.event_file import read_events
 
     guard = Guard(nonfinite=action, snapshot_every=4, max_no_progress=3)
     trainer, order = run(tmp_path / "run", Poisoned(nan_ids=range(N)), guard, max_steps=10_000, logging_steps=1)
@@ -324,7 +324,7 @@ def test_a_guard_getting_nowhere_stops_a_headless_run_with_a_checkpoint(tmp_path
 def test_an_interactive_run_pauses_and_gets_as_many_tries_again(tmp_path):
     from test_guard import N, BATCH, Poisoned, Regression
     from workbench import Guard, Session
-    from workbench.session.protocol import Status
+    from workbench.door.protocol import Status
 
     trainer = Trainer(model=Regression(), train_dataset=Poisoned(nan_ids=range(N)),
                       args=make_args(tmp_path / "s", max_steps=100, per_device_train_batch_size=BATCH, seed=3))
@@ -353,7 +353,7 @@ def test_guard_events_are_bounded_per_minute_with_a_summary(tmp_path):
     rest counted; every intervention stays in workbench_state."""
     from test_guard import N, Poisoned, run
     from workbench import Guard
-    from workbench.train.tracking import read_events
+    from workbench.core.event_file import read_events
 
     trainer, _ = run(tmp_path / "run", Poisoned(nan_ids=range(N)), Guard(nonfinite="skip", max_no_progress=None),
                      max_steps=200, logging_steps=50)

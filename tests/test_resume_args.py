@@ -26,7 +26,7 @@ from workbench import Session, Trainer, TrainerCallback, TrainingArguments
 from workbench.data.builtin import load_builtin_data
 from workbench.models import MLPClassifier
 from workbench.train.resume_args import COMPARED, replace_arguments
-from workbench.train.tracking import read_events
+from workbench.core.event_file import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 STOP = 4  # the first run stops (and is resumed) here
@@ -102,7 +102,7 @@ def _resume_warnings_reach_caplog(caplog):
 
 
 def saved_state(checkpoint: Path) -> dict[str, Any]:
-    from workbench.train.callbacks import TrainerState, WorkbenchState
+    from workbench.core.state import TrainerState, WorkbenchState
 
     # trainer_state.json holds HF's fields; the live edits are in workbench_state.json beside it.
     return {**dataclasses.asdict(TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))),

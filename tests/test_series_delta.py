@@ -15,7 +15,7 @@ import pytest
 from workbench.control.client import Connection, attach
 from workbench.control.discovery import read_control
 from workbench.control.series_delta import SeriesVersions, apply_delta, series_delta
-from workbench.session.state import SeriesStore
+from workbench.door.values import SeriesStore
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_control import running, sessions  # noqa: E402,F401 - a real run serving its endpoint; its cleanup

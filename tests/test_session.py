@@ -37,8 +37,8 @@ from workbench.checkpoint.store import CheckpointStore
 from workbench.data.builtin import CharTokenizer, load_builtin_data
 from workbench.train.memory import memory_report
 from workbench.models import MLPClassifier, TinyGPT
-from workbench.session.state import SeriesStore, Snapshot
-from workbench.train.tracking import read_events
+from workbench.door.values import SeriesStore, Snapshot
+from workbench.core.event_file import read_events
 
 TOK = CharTokenizer()
 TIMEOUT = 120  # seconds: generous, a deadline only (CPU is shared with other work)
@@ -722,7 +722,15 @@ def test_no_host_syncs_on_non_logging_steps_session_with_poller(tmp_path, monkey
     trainer, end = _sync_trainer(tmp_path, counter)
     session = Session(trainer)
     sessions.append(session)
-    trainer.add_callback(end)  # after the SessionCallback: its step-end work is inside the window
+    # The window closes after the gates' step end: the Session's step-end work (its commands,
+    # its publishing) is inside it.
+    gates_step_end = trainer.gates.step_end
+
+    def step_end_then_close(run) -> None:
+        gates_step_end(run)
+        end.on_step_end(run.args, run.state, run.control)
+
+    trainer.gates.step_end = step_end_then_close
     polled: list[Snapshot] = []
     done = threading.Event()
 
@@ -1016,7 +1024,7 @@ class OOMAtStep(torch.nn.Module):
 def test_out_of_memory_writes_a_memory_report_before_the_error(tmp_path):
     from workbench import Trainer, TrainingArguments
     from workbench.data.builtin import load_builtin_data
-    from workbench.train.tracking import read_events
+    from workbench.core.event_file import read_events
 
     train, _ = load_builtin_data("random-classification", n_train=64)
     model = OOMAtStep()

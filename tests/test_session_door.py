@@ -26,15 +26,15 @@ import torch
 from workbench import Session, Trainer, TrainerCallback, TrainingArguments
 from workbench.data.builtin import load_builtin_data
 from workbench.models import MLPClassifier
-from workbench.session.protocol import ENDED, CheckpointRow, SessionLike, Snapshot, Status
-from workbench.train.edits import learning_rate_problem
-from workbench.train.tracking import read_events
+from workbench.door.protocol import ENDED, CheckpointRow, SessionLike, Snapshot, Status
+from workbench.core.edits import learning_rate_problem
+from workbench.core.event_file import read_events
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDGETS = ROOT / "widgets"
 DEADLINE = 120.0  # seconds; only reached when something is broken (CPU is shared)
 # What widgets/ may import from the core: the door and its value types.
-DOOR = ("workbench.session.protocol", "workbench.session.state")
+DOOR = ("workbench.door.protocol", "workbench.door.values")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -123,9 +123,9 @@ def test_widgets_import_nothing_from_the_core_but_the_door():
     bad = [f"{path.relative_to(ROOT)}:{line}: {module}"
            for path in modules for line, module in _core_imports(path)
            if module not in DOOR and module != "workbench.widgets" and not module.startswith("workbench.widgets.")]
-    assert not bad, "widgets/ must use only workbench.session.protocol and its value types:\n" + "\n".join(bad)
+    assert not bad, "widgets/ must use only workbench.door.protocol and its value types:\n" + "\n".join(bad)
     # The widgets do use the door (the check above is not passing because nothing is imported).
-    assert any(module == "workbench.session.protocol" for path in modules for _, module in _core_imports(path))
+    assert any(module == "workbench.door.protocol" for path in modules for _, module in _core_imports(path))
 
 
 def test_the_core_imports_no_front_end_at_module_level():
@@ -141,7 +141,7 @@ def test_the_core_imports_no_front_end_at_module_level():
 
 
 def test_the_door_imports_without_torch_or_a_front_end():
-    code = ("import sys, workbench.session.protocol, workbench.session.state; "
+    code = ("import sys, workbench.door.protocol, workbench.door.values; "
             "bad = [m for m in ('torch', 'textual', 'ipywidgets', 'workbench.session.local', 'workbench.train', "
             "'workbench.checkpoint', 'workbench.config') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -174,7 +174,7 @@ def test_status_words_are_spelled_in_one_place():
            for path in files if path != state
            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
            if isinstance(node, ast.Constant) and node.value in words]
-    assert not bad, "use workbench.session.state.Status instead of the word:\n" + "\n".join(bad)
+    assert not bad, "use workbench.door.values.Status instead of the word:\n" + "\n".join(bad)
 
 
 def test_events_since_hands_out_every_event_once(tmp_path, sessions):

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import IterableDataset
 
 from workbench import Trainer, TrainerCallback, TrainingArguments
-from workbench.train.args import ArgumentError
+from workbench.core.args.training import ArgumentError
 from workbench.data.builtin import TensorDictDataset, load_builtin_data
 from workbench.models import MLPClassifier, TinyGPT
 from conftest import StopAt, make_args

@@ -29,8 +29,8 @@ from workbench.checkpoint.store import CheckpointStore
 from workbench.data.builtin import builtin_tokenizer, load_builtin_data
 from workbench.config.loader import parse_overrides
 from workbench.models import TinyGPT
-from workbench.session.state import CheckpointRow, Intervention, MemoryUsage, SessionEvent, Snapshot
-from workbench.train.edits import validate_edits
+from workbench.door.values import CheckpointRow, Intervention, MemoryUsage, SessionEvent, Snapshot
+from workbench.core.edits import validate_edits
 from workbench.widgets.tui import DashboardApp
 from workbench.widgets.tui.charts import Chart
 from workbench.widgets.tui.checkpoints import CheckpointsScreen
@@ -526,7 +526,7 @@ def test_quit_stop_without_saving_exits_130_and_saves_nothing(tmp_path):
     from workbench.widgets.tui import OUTCOMES
 
     app = drive(session, scenario)
-    from workbench.exit_codes import OUTCOME_CODES
+    from workbench.core.exit_codes import OUTCOME_CODES
 
     assert app.return_value == "stopped" and OUTCOME_CODES["stopped"] == 130
     assert set(OUTCOMES) == set(OUTCOME_CODES)  # every outcome the app returns has its code

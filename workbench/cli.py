@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from workbench.checkpoint.lock import OutputDirLock
 
-from workbench.exit_codes import (  # noqa: F401 - re-exported for callers of the CLI
+from workbench.core.exit_codes import (  # noqa: F401 - re-exported for callers of the CLI
     EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO_RUN, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE, OUTCOME_CODES, run_exit_code)
 from workbench.hangup import HangupWatch
 
@@ -137,7 +137,7 @@ def _finish_rank(code: int) -> int:
             # be inside a collective this rank will never join, and the launcher ends them.
             dist.barrier()
             dist.destroy_process_group()
-    from workbench.distributed.world import is_main_process
+    from workbench.core.world import is_main_process
 
     return report_exit_code(code, is_main=is_main_process())
 
@@ -225,7 +225,7 @@ def _plan_output_dir(output_dir: Path, resume: object, overwrite: bool) -> tuple
     created. Under several ranks only rank 0 speaks.
     """
     from workbench.checkpoint.store import CheckpointStore, refused_text
-    from workbench.distributed.world import is_main_process
+    from workbench.core.world import is_main_process
 
     store = CheckpointStore(output_dir)
     if resume is not None and resume is not True:
@@ -282,7 +282,7 @@ def _check_resume_path(path: Path) -> None:
 def _claim_output_dir(output_dir: Path) -> "OutputDirLock | None":
     """Create the output_dir, check it is writable, and (rank 0) take its lock."""
     from workbench.checkpoint.lock import OutputDirBusy, OutputDirLock, check_writable
-    from workbench.distributed.world import is_main_process
+    from workbench.core.world import is_main_process
 
     try:
         check_writable(output_dir)
@@ -306,7 +306,7 @@ def _owned_output_dir(run, ns: argparse.Namespace, prepare=None) -> Iterator[tup
     (building the Trainer: model and data, all checked) while nothing is written yet, then
     hold the folder's lock for the block; yields (resume_from_checkpoint, prepare's result)."""
     from workbench.checkpoint.lock import OutputDirBusy, check_not_busy, check_writable
-    from workbench.distributed.world import is_main_process
+    from workbench.core.world import is_main_process
 
     output_dir = Path(run.training.output_dir)
     resume, clear = _plan_output_dir(output_dir, ns.resume, ns.overwrite)
@@ -331,7 +331,7 @@ def _owned_output_dir(run, ns: argparse.Namespace, prepare=None) -> Iterator[tup
 def _clear_checkpoints(output_dir: Path) -> None:
     """--overwrite: delete the old checkpoints and event log (rank 0, under the lock)."""
     from workbench.checkpoint.store import CheckpointStore
-    from workbench.distributed.world import is_main_process
+    from workbench.core.world import is_main_process
 
     if not is_main_process():
         return
@@ -342,7 +342,7 @@ def _clear_checkpoints(output_dir: Path) -> None:
 
 def _join_world(run) -> None:
     """Make the run's distributed state now, before anything else asks for it (world.py)."""
-    from workbench.distributed.world import WorldSizeMismatch, distributed_state, launched_world_size
+    from workbench.core.world import WorldSizeMismatch, distributed_state, launched_world_size
 
     try:
         distributed_state(run.training)
@@ -383,7 +383,7 @@ def _run(ns: argparse.Namespace) -> int:
 def _check_control(ns: argparse.Namespace, run) -> None:
     """The TCP endpoint asked for (on the command line, else in ``[training]``) is checked and
     its port bound once now, before anything is written (rank 0 serves it)."""
-    from workbench.distributed.world import is_main_process
+    from workbench.core.world import is_main_process
 
     if ns.no_control or run.training.control is False or not is_main_process():
         return
@@ -428,7 +428,7 @@ def _train(ns: argparse.Namespace, run, trainer, resume: object) -> int:
                           control_host=ns.control_host)
         # Headless: no one is there to resume a guard's pause (max_interventions, the pause
         # action), which would hang the run; it stops with a checkpoint instead (README).
-        trainer.guard_pause = None
+        session.pauses_for_guard = False
     elif ns.no_control:
         trainer.args.control = False  # --no-control wins over the config's control = true
 
@@ -525,7 +525,7 @@ def _run_dashboard(ns: argparse.Namespace, trainer, resume: object, output_dir: 
     """
     from workbench.checkpoint.lock import release_held
     from workbench.session.local import Session
-    from workbench.session.protocol import ENDED
+    from workbench.door.protocol import ENDED
     from workbench.train.callbacks import PrinterCallback, ProgressCallback
     from workbench.widgets.tui import run_dashboard
 

@@ -22,7 +22,7 @@ import stat
 import threading
 from collections.abc import Callable
 
-from workbench.exit_codes import EXIT_HANGUP
+from workbench.core.exit_codes import EXIT_HANGUP
 
 __all__ = ["HangupWatch", "terminal_gone"]
 

@@ -27,7 +27,7 @@ from typing import Any
 from textual.app import App
 from textual.binding import Binding
 
-from workbench.session.protocol import CheckpointRow, SessionLike, Snapshot, Status
+from workbench.door.protocol import CheckpointRow, SessionLike, Snapshot, Status
 from workbench.widgets.view import TERMINAL, fmt_lr, fmt_number
 
 from .bridge import EventBridge, LogForwarder
@@ -48,7 +48,7 @@ __all__ = ["DashboardApp", "OUTCOMES"]
 POLL_LOCAL = 0.25
 POLL_ATTACHED = 1 / 3
 
-# What the app returns from run(); the CLI turns each into an exit code (workbench/exit_codes.py).
+# What the app returns from run(); the CLI turns each into an exit code (workbench/core/exit_codes.py).
 OUTCOMES = (
     "finished",     # the run ended on its own (or had ended when the user quit)
     "saved",        # quit dialog: stop and save (q then Enter)

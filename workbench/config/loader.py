@@ -33,8 +33,8 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from workbench.config.refs import RefError, resolve_ref
 from workbench.config.toml_lines import decode_error, describe_type, find_lines, kind_of, line_of, toml_repr, tomlable
-from workbench.train.args import ArgumentError, TrainingArguments
-from workbench.train.guard import GUARD_FIELDS, Guard
+from workbench.core.args.training import ArgumentError, TrainingArguments
+from workbench.guard.settings import GUARD_FIELDS, Guard
 
 __all__ = [
     "ConfigError", "DataSpec", "ModelSpec", "RunConfig", "config_from_dict", "dump_config",

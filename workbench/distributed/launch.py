@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from workbench.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
+from workbench.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
 
 __all__ = ["launch_ranks", "EXIT_FILE_ENV", "report_exit_code", "launched_by_workbench"]
 

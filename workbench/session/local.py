@@ -1,9 +1,9 @@
 """Session: train in a background thread, and pause, inspect, edit, save or evaluate it.
 
-The worker thread runs ``trainer.train()``. Commands from any thread go on a queue; a
-``SessionCallback`` drains it at step boundaries and turns commands into
-``TrainerControl`` flags, the same path every HF callback uses. Pausing blocks the worker
-at the start of the next step; while it is blocked, inspection and evaluation run in the
+The worker thread runs ``trainer.train()``. Commands from any thread go on a queue; the
+Session's steering gate (``SessionGate``, core/run.py) drains it at step boundaries and
+turns commands into ``TrainerControl`` flags and live edits. Pausing holds the worker in
+that gate at the start of the next step; while it is blocked, inspection and evaluation run in the
 caller's thread, with every RNG state saved and restored so the resumed run stays bitwise
 equal to one never paused. Front-ends read ``snapshot()`` (immutable, swapped atomically)
 and ``events_since()``; they never touch the trainer. The methods front-ends use are the
@@ -25,17 +25,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from workbench.exit_codes import run_exit_code
-from workbench.train.callbacks import TrainerCallback
+from workbench.core.exit_codes import run_exit_code
+from workbench.core.callbacks import TrainerCallback
+from workbench.core.run import Gate
 from workbench.session.checkpoint_commands import CheckpointCommands
 from workbench.session.events import EventHub
 from workbench.session.loop_hold import reading_the_model
 from workbench.session.rank_pause import hold_ranks_paused
-from workbench.session.state import ENDED, SNAPSHOT_EDITS, SNAPSHOT_INTERVENTIONS, Intervention, MemoryUsage, SeriesStore
-from workbench.session.state import SessionEvent, Snapshot, Status
-from workbench.train.edits import apply_edit, check_reason, evaluate_between_steps, save_between_steps, validate_edits
-from workbench.train.rng import rng_preserved
-from workbench.train.trainer_utils import unwrap_model
+from workbench.door.values import ENDED, SNAPSHOT_EDITS, SNAPSHOT_INTERVENTIONS, Intervention, MemoryUsage, SeriesStore
+from workbench.door.values import SessionEvent, Snapshot, Status
+from workbench.core.edits import apply_edit, check_reason, validate_edits
+from workbench.core.rng import rng_preserved
+from workbench.core.trainer_utils import unwrap_model
 
 
 __all__ = ["Session", "Snapshot", "SessionEvent", "Status"]
@@ -62,25 +63,36 @@ class _Command:
     reason: str | None = None  # set: why (kept with the edit's record and event)
 
 
-class SessionCallback(TrainerCallback):
-    """The Session's hands inside the loop: applies commands at safe points, records series."""
+class SessionGate(Gate):
+    """The Session's hands inside the loop: the steering gate (core/run.py). At a step's
+    start a paused run waits here; at its end queued commands become flags and edits."""
+
+    def __init__(self, session: "Session") -> None:
+        self.session = session
+
+    def step_start(self, run) -> None:
+        self.session._maybe_block()  # the run may wait here (paused); a stop meanwhile: the stop gate acts next
+
+    def step_end(self, run) -> None:
+        self.session._drain(run.control)
+        self.session._tick(run.state)
+
+    def pause_for_guard(self, run) -> bool:
+        session = self.session
+        if session._sync is not None or not session.pauses_for_guard:
+            return False  # several processes, or headless: the guard stops the run with a checkpoint
+        session.pause()
+        return True
+
+
+class SessionObserver(TrainerCallback):
+    """What the Session hears of the run, as any HF callback does: it publishes it."""
 
     def __init__(self, session: "Session") -> None:
         self.session = session
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.session._on_train_begin(state)
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self.session._maybe_block()
-        request = self.session.trainer.stop_decision
-        if request.is_set():  # stopped while paused: stop here, before another step runs
-            control.should_training_stop = True
-            control.should_save = request.save
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.session._drain(control)
-        self.session._tick(state)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         self.session._on_log(state, logs or {})
@@ -105,7 +117,7 @@ class Session(CheckpointCommands):
         self.trainer = trainer
         trainer.control_owner = self  # this Session decides about the endpoint, not args.control
         if guard is not None:  # a Guard given here replaces the trainer's (train/guard.py)
-            from workbench.train.guard import Guard
+            from workbench.guard.settings import Guard
 
             if not isinstance(guard, Guard):
                 raise TypeError(f"guard: expected a workbench Guard, got {type(guard).__name__}")
@@ -158,19 +170,20 @@ class Session(CheckpointCommands):
         self._memory_at = 0.0
         self._catalog: tuple = ()
         self._snapshot = Snapshot.empty()
-        # Several processes: rank 0's Session decides for all ranks (distributed.py); paused-time
+        # Several processes: rank 0's Session decides for all ranks (rank_sync.py); paused-time
         # saves and evaluations then run on the worker thread, which every rank follows.
-        self._sync = trainer._rank_sync
+        self._sync = trainer.rank_sync
         self._paused_actions: queue.Queue[tuple[str, Future]] = queue.Queue()
         if self._sync is not None and self._sync.is_main:
             self._sync.pause_wanted = self._pause_requested.is_set
             self._sync.apply_on_main = self._apply_edit_record
-        if self._sync is None:
-            # An interactive run pauses where the guard asks to (a pause action, or
-            # max_interventions reached); with several processes it stops with a checkpoint,
-            # the same decision on every rank.
-            trainer.guard_pause = self.pause
-        self._callback = SessionCallback(self)
+        # An interactive run pauses where the guard asks to (a pause action, max_interventions,
+        # no progress); a headless one (the CLI clears this) and one of several processes stop
+        # with a checkpoint instead, the same decision on every rank.
+        self.pauses_for_guard = True
+        self._gate = SessionGate(self)
+        trainer.gates.set("steering", self._gate)
+        self._callback = SessionObserver(self)
         trainer.add_callback(self._callback)
 
     # -- construction ----------------------------------------------------------------
@@ -249,8 +262,8 @@ class Session(CheckpointCommands):
         self.trainer.remove_callback(self._callback)
         if self.trainer.control_owner is self:
             self.trainer.control_owner = None
-        if self.trainer.guard_pause == self.pause:
-            self.trainer.guard_pause = None
+        if self.trainer.gates.steering is self._gate:
+            self.trainer.gates.set("steering", None)
 
     def _start_control(self) -> None:
         """Serve this run's control endpoint (rank 0 only). A failure to bind is a warning,
@@ -468,7 +481,7 @@ class Session(CheckpointCommands):
     def validate_edits(self, changes: Mapping[str, Any], reason: str | None = None) -> dict[str, Any]:
         """The check ``set()`` makes, without applying anything: each value (numbers, or text
         as typed into a form) parsed and checked by the one rule per key
-        (workbench.train.edits), the learning rate set or scaled but not both, max_steps not
+        (workbench.core.edits), the learning rate set or scaled but not both, max_steps not
         below the current step. Returns the parsed edits; raises ValueError with one line.
 
         Front-ends call it to refuse a typo while their form is still open. ``reason``, when
@@ -555,8 +568,9 @@ class Session(CheckpointCommands):
     def sample(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, top_k: int | None = 20,
                seed: int = 0) -> str:
         """Text generated by the paused causal LM from ``prompt`` (RNG state preserved): refused
-        while the loop trains; at most MAX_SAMPLE_TOKENS new tokens (session/inspection.py)."""
-        from workbench.session.inspection import check_sample_options, sample_text
+        while the loop trains; at most MAX_SAMPLE_TOKENS new tokens (door/commands.py)."""
+        from workbench.door.commands import check_sample_options
+        from workbench.session.inspection import sample_text
 
         options = check_sample_options(prompt, max_new_tokens, temperature, top_k, seed)
         with reading_the_model(self, "sample", live_ok=False), rng_preserved():
@@ -615,7 +629,7 @@ class Session(CheckpointCommands):
 
         return Panel(self)
 
-    # -- worker-side hooks (called from SessionCallback) ----------------------------------------------
+    # -- worker-side hooks (called from SessionGate and SessionObserver) ----------------------------------------------
 
     def _on_train_begin(self, state) -> None:
         self._started_at = time.perf_counter()
@@ -768,10 +782,10 @@ class Session(CheckpointCommands):
     # -- caller-side actions while paused ------------------------------------------------------------
 
     def _save_now(self) -> Path:
-        return save_between_steps(self.trainer)
+        return self.trainer.save_between_steps()
 
     def _evaluate_now(self) -> dict[str, float]:
-        return evaluate_between_steps(self.trainer)
+        return self.trainer.evaluate_between_steps()
 
     def _apply_edit_record(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Apply an edit the ranks agreed on; its live-edit record goes to the other ranks."""
@@ -791,10 +805,10 @@ class Session(CheckpointCommands):
         record = {"step": trainer.state.global_step, "time": time.time(), **applied, **why}
         trainer.workbench_state.live_edits.append(record)
         self._edits.append(record)
-        from workbench.train.tracking import EventLog
+        from workbench.core.event_file import EventFile
 
         if trainer.is_world_process_zero():
-            EventLog(trainer.args.output_dir).write("edit", trainer.state.global_step, **applied, **why)
+            EventFile(trainer.args.output_dir).write("edit", trainer.state.global_step, **applied, **why)
         self._emit("edited", **applied, **why)
         self._publish()
         return applied
@@ -812,10 +826,10 @@ class Session(CheckpointCommands):
 
     def _log_event(self, event: str, **fields: Any) -> None:
         """Append ``event`` to the run's events.jsonl (main process only)."""
-        from workbench.train.tracking import EventLog
+        from workbench.core.event_file import EventFile
 
         if self.trainer.is_world_process_zero():
-            EventLog(self.trainer.args.output_dir).write(event, self.trainer.state.global_step, **fields)
+            EventFile(self.trainer.args.output_dir).write(event, self.trainer.state.global_step, **fields)
 
     def _emit(self, kind: str, **data: Any) -> None:
         self._events.emit(kind, self.trainer.state.global_step, **data)

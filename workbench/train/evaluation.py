@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.train.trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, has_length, speed_metrics, unwrap_model
+from workbench.core.trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, has_length, speed_metrics, unwrap_model
 
 
 __all__ = ["evaluate", "predict", "evaluation_loop", "concat_batches", "pad_and_concat", "nested_to_cpu"]
@@ -212,6 +212,7 @@ def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction
             logits = gather(logits)
         num_samples += num_samples_batch
         trainer.control = handler.on_prediction_step(args, trainer.state, trainer.control)
+        trainer.gates.evaluation_point(trainer)  # a stop asked for meanwhile cuts the evaluation short
         if batch_metrics:
             # Without a length (iterable eval set), Accelerate's loader looks one batch
             # ahead and flags the last one.
@@ -307,6 +308,7 @@ def evaluate(trainer: "Trainer", eval_dataset=None, ignore_keys=None, metric_key
         metrics = _run_one(trainer, eval_dataset, ignore_keys, prefix)
     trainer.log(metrics)  # as HF: the returned metrics carry the epoch too
     trainer.control = trainer.callback_handler.on_evaluate(trainer.args, trainer.state, trainer.control, metrics)
+    trainer.gates.evaluation_point(trainer)
     return metrics
 
 

@@ -217,7 +217,7 @@ def model_card(trainer: "Trainer", language: str | list[str] | None = None, lice
                dataset_tags: str | list[str] | None = None, dataset: str | list[str] | None = None,
                dataset_args: str | list[str] | None = None) -> str:
     """The README.md text for the Trainer's model (``Trainer.create_model_card``'s arguments)."""
-    from workbench.train.trainer_utils import unwrap_model
+    from workbench.core.trainer_utils import unwrap_model
 
     model = unwrap_model(trainer.model)
     card_path = Path(trainer.args.output_dir) / "README.md"

@@ -3,7 +3,7 @@ schedules are in schedules.py (``get_scheduler`` and ``SCHEDULES`` are re-export
 
 torch builds adamw_torch, adamw_torch_fused, sgd, adagrad, rmsprop and adafactor; the
 other names transformers lists need packages, and TrainingArguments refuses them with the
-package to install (workbench/train/arg_enums.py).
+package to install (workbench/core/args/enums.py).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch import nn
 
-from workbench.train.arg_enums import SERVED_OPTIMIZERS, OptimizerNames, unserved_optimizer
-from workbench.train.args import TrainingArguments
+from workbench.core.args.enums import SERVED_OPTIMIZERS, OptimizerNames, unserved_optimizer
+from workbench.core.args.training import TrainingArguments
+from workbench.models.param_groups import decay_parameter_names, parameter_groups  # noqa: F401 - part of this module's API
 from workbench.train.schedules import SCHEDULES, get_scheduler  # noqa: F401 - part of this module's API
 
 __all__ = [
@@ -25,51 +25,6 @@ __all__ = [
     "get_scheduler",
     "SCHEDULES",
 ]
-
-_NORM_TYPES = (
-    nn.LayerNorm,
-    nn.GroupNorm,
-    nn.RMSNorm,
-    nn.modules.batchnorm._BatchNorm,
-    nn.modules.instancenorm._InstanceNorm,
-    nn.LocalResponseNorm,
-)
-
-
-def decay_parameter_names(model: nn.Module) -> set[str]:
-    """Names of parameters that get weight decay: everything but biases and norm weights.
-
-    Norm layers are found by type (torch's norms) and by name ("norm" in the module class
-    name, which covers RMSNorm variants of other libraries).
-    """
-    skip: set[str] = set()
-    for module_name, module in model.named_modules():
-        is_norm = isinstance(module, _NORM_TYPES) or "norm" in type(module).__name__.lower()
-        for param_name, _ in module.named_parameters(recurse=False):
-            full = f"{module_name}.{param_name}" if module_name else param_name
-            if is_norm or param_name == "bias":
-                skip.add(full)
-    return {name for name, _ in model.named_parameters() if name not in skip}
-
-
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Two optimizer groups, with and without weight decay; frozen parameters left out.
-
-    Without weight decay the two would be identical, so they are one group (a fused
-    optimizer then launches its kernels once per step, not twice). The parameter order is
-    the same either way, so saved optimizer states convert between the layouts.
-    """
-    decay = decay_parameter_names(model)
-    with_decay, without = [], []
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            (with_decay if name in decay else without).append(param)
-    if weight_decay == 0:
-        return [{"params": with_decay + without, "weight_decay": 0.0}] if with_decay or without else []
-    groups = [{"params": with_decay, "weight_decay": weight_decay},
-              {"params": without, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
-
 
 def _parse_optim_args(text: str | None) -> dict[str, Any]:
     """HF's optim_args: "key=value,key=value"; numbers and booleans are converted."""

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench.train.edits import EDITABLE, apply_edit
+from workbench.core.edits import EDITABLE, apply_edit
 
 
 log = logging.getLogger("transformers.trainer_utils")  # where HF warns about changed arguments
@@ -169,9 +169,9 @@ def apply_changed_arguments(trainer: "Trainer", checkpoint: Path, planned_max_st
     if applied:
         trainer.workbench_state.live_edits.append({"step": step, "time": time.time(), **applied})
         if trainer.is_world_process_zero():
-            from workbench.train.tracking import EventLog
+            from workbench.core.event_file import EventFile
 
-            EventLog(args.output_dir).write("edit", step, checkpoint=checkpoint.name, **applied)
+            EventFile(args.output_dir).write("edit", step, checkpoint=checkpoint.name, **applied)
     return applied
 
 

@@ -25,21 +25,14 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-import workbench.train.losses as losses
-import workbench.train.model_kinds as model_kinds
-from workbench.train.args import TrainingArguments
-from workbench.train.hf_args import as_workbench_arguments
-from workbench.train.guard import Guard
-from workbench.train.callbacks import (
-    CallbackHandler,
-    DefaultFlowCallback,
-    PrinterCallback,
-    ProgressCallback,
-    TrainerCallback,
-    TrainerControl,
-    TrainerState,
-    WorkbenchState,
-)
+import workbench.models.losses as losses
+import workbench.models.kinds as model_kinds
+from workbench.core.args.training import TrainingArguments
+from workbench.core.args.hf import as_workbench_arguments
+from workbench.guard.settings import Guard
+from workbench.core.callbacks import CallbackHandler, TrainerCallback
+from workbench.core.state import TrainerControl, TrainerState, WorkbenchState
+from workbench.train.callbacks import DefaultFlowCallback, PrinterCallback, ProgressCallback
 from workbench.train.label_smoothing import LabelSmoother
 from workbench.train.reports import TrainerReports
 from workbench.data.collators import RemoveColumnsCollator, default_collator_for, signature_columns
@@ -55,9 +48,12 @@ from workbench.data.samplers import (
 from workbench.checkpoint.lock import hold_output_dir
 from workbench.checkpoint.store import CheckpointStore
 from workbench.train.accelerator_setup import check_sharding, make_accelerator
-from workbench.distributed.signals import JITCheckpointCallback, StopRequest, install_stop_handlers
-from workbench.records import is_timing_metric
-from workbench.train.trainer_utils import (
+from workbench.core.run import Gates, LoopPosition, Run
+from workbench.core.stop import StopRequest
+from workbench.distributed.rank_sync import RankSync
+from workbench.distributed.signals import StopGate, install_stop_handlers
+from workbench.core.records import is_timing_metric
+from workbench.core.trainer_utils import (
     EvalLoopOutput,
     PredictionOutput,
     TrainOutput,
@@ -70,11 +66,11 @@ log = logging.getLogger("workbench")
 
 __all__ = ["Trainer", "DEFAULT_CALLBACKS"]
 
-# What every Trainer starts with, as in HF (progress, trackers and the JIT stop come on top).
+# What every Trainer starts with, as in HF (progress and trackers come on top; the stop is a gate).
 DEFAULT_CALLBACKS = [DefaultFlowCallback]
 
 
-class Trainer(TrainerReports):
+class Trainer(TrainerReports, Run):
     """Train, evaluate and predict with any ``nn.Module`` (HF-compatible constructor).
 
     The model's forward may return a dict / ModelOutput / tuple with the loss first. A
@@ -101,15 +97,14 @@ class Trainer(TrainerReports):
     ) -> None:
         # transformers' TrainingArguments are read into workbench's (the user's object untouched).
         self.args = as_workbench_arguments(args) if args is not None else TrainingArguments("tmp_trainer")
-        # workbench: what to do about non-finite or spiking losses (train/guard.py); None is
-        # off, as in HF. ``guard_pause`` is set by an interactive front-end (the Session):
-        # without it, a guard that asks to pause stops the run with a checkpoint instead.
+        # workbench: what to do about non-finite or spiking losses (workbench/guard/); None is
+        # off, as in HF. A guard that asks to pause pauses a run a gate can hold (a Session's),
+        # and stops one no one can resume with a checkpoint instead.
         if guard is not None and not isinstance(guard, Guard):
             raise TypeError(f"guard: expected a workbench Guard, got {type(guard).__name__}")
         self.guard: Guard | None = guard
-        self.guard_pause: Callable[[], Any] | None = None
         # workbench: the Session training this Trainer, if any; it then owns the control
-        # endpoint, and train() does not serve one of its own (args.control, workbench/serving.py).
+        # endpoint, and train() does not serve one of its own (args.control, workbench/core/serving.py).
         self.control_owner: Any = None
         set_seed(self.args.seed, deterministic=self.args.full_determinism)
         self.accelerator = make_accelerator(self.args)
@@ -158,30 +153,30 @@ class Trainer(TrainerReports):
         self._train_batch_size = self.args.train_batch_size
         self._eval_dataloaders: dict[str, DataLoader] = {}  # persistent-worker loaders, reused
         # The training loop while it runs (its loss window is HF's tr_loss), else None.
-        self._training_loop: Any = None
+        self.loop = None
+        self.position = LoopPosition()
 
         from workbench.train.tracking import reporting_callbacks
 
-        # Signals, Ctrl-C, the UI and Session.stop() all set this one request; the JIT
-        # callback turns it into save + stop at the next safe point.
+        # Signals, Ctrl-C, the UI and Session.stop() all set this one request; the stop gate
+        # turns it into save + stop at the next safe point.
         self.stop_request = StopRequest()
         # What the loop acts on. With one process that is the request itself; with several,
-        # the ranks agree on it at step ends first (distributed.py), so all stop together.
+        # the ranks agree on it at step ends first (rank_sync.py), so all stop together.
         self.stop_decision = self.stop_request
-        self._rank_sync = None
+        # The steering gates (core/run.py): the ranks' agreement, a front-end's steering (a
+        # Session installs it), the stop. Callbacks only observe and set flags, as in HF.
+        self.gates = Gates()
+        self.gates.set("stop", StopGate())
+        self.rank_sync: RankSync | None = None
         if self.accelerator.num_processes > 1:
-            from workbench.distributed.rank_sync import RankSync
-
             self.stop_decision = StopRequest()
-            self._rank_sync = RankSync(self)
-        self._jit_callback = JITCheckpointCallback(self.stop_decision)
+            self.rank_sync = RankSync(self)
+            self.gates.set("agreement", self.rank_sync)
         from workbench.checkpoint.async_save import CheckpointWriter
 
         self.checkpoint_writer = CheckpointWriter()  # save_async writes here, in the background
-        # The rank agreement goes first: a rank waits out rank 0's pause before any other
-        # callback sees the step begin.
-        agreement = [self._rank_sync] if self._rank_sync is not None else []
-        defaults: list[Any] = [*agreement, *DEFAULT_CALLBACKS, self._jit_callback, *reporting_callbacks(self.args, self.stop_decision)]
+        defaults: list[Any] = [*DEFAULT_CALLBACKS, *reporting_callbacks(self.args, self.stop_decision)]
         # As HF: the bare printer when progress bars are disabled, else the progress lines.
         defaults.append(PrinterCallback if self.args.disable_tqdm else ProgressCallback)
         self.callback_handler = CallbackHandler(
@@ -608,8 +603,8 @@ class Trainer(TrainerReports):
             raise TypeError(f"train() got unexpected keyword arguments: {', '.join(kwargs)}")
         if self.args.control and self.control_owner is None and self.is_world_process_zero():
             # workbench: serve the control endpoint (rank 0) while this same call trains;
-            # the runner comes from the session layer (workbench/serving.py).
-            from workbench.serving import control_runner
+            # the runner comes from the session layer (workbench/core/serving.py).
+            from workbench.core.serving import control_runner
 
             return control_runner()(self, resume_from_checkpoint=resume_from_checkpoint, trial=trial,
                                     ignore_keys_for_eval=ignore_keys_for_eval)
@@ -751,8 +746,8 @@ class Trainer(TrainerReports):
 
         ``tr_loss`` is the run's loss window (reduced at the logging point, not per step).
         """
-        if self.control.should_log and self._training_loop is not None:
-            self._training_loop.log_loss(start_time, learning_rate)
+        if self.control.should_log and self.loop is not None:
+            self.loop.log_loss(start_time, learning_rate)
         if self.control.should_evaluate:
             metrics = self._evaluate(trial, ignore_keys_for_eval)
             if self._determine_best_metric(metrics, trial) and self.args.save_strategy == "best":

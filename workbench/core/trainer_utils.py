@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from workbench.core.names import PREFIX_CHECKPOINT_DIR
+
 import os
 import random
 import time
@@ -22,7 +24,6 @@ __all__ = [
     "PREFIX_CHECKPOINT_DIR",
 ]
 
-PREFIX_CHECKPOINT_DIR = "checkpoint"
 
 
 class EvalPrediction:

@@ -1,28 +1,23 @@
-"""Guarding a run against non-finite and spiking losses (issue #18).
+"""The guard's records of one run: the per-step checks (checks.py: on the device, or on the
+host for CPU runs) and what the host reads back at points that synchronize anyway (a log,
+a save, the end): the interventions, the detector's state, whether the guard is getting
+anywhere (``max_no_progress``), and how many of its records events.jsonl takes a minute.
 
-Two parts with one job each:
+Where a step is judged: on an accelerator, on the device. Reading a flag on the host each
+step would stall the GPU queue every step (no host sync per step), so there a bad step is
+never *decided* on the host; its update is made a no-op by the optimizer itself (the fused
+Adam/AdamW ``found_inf`` path that AMP's loss scaler uses: a 1 makes ``step()`` leave
+parameters and optimizer state untouched), or, for other optimizers, by putting the
+pre-step values back with ``torch.where`` on a device boolean, and the host learns about it
+at the next read point. On the CPU the host *is* the device: reading the loss waits for
+nothing, so the checks are float arithmetic and a bad step's optimizer step is simply left
+out (the same decisions, rows and detector state; on the MLP benchmark no measurable cost,
+against ~200 µs a step for the device ops: benchmarks/guard_overhead.py).
 
-- :class:`Guard` is the user's choice (the ``[guard]`` config table, ``Trainer(guard=...)``),
-  validated once when it is made.
-- :class:`GuardMonitor` is what a guarded training loop runs: the per-step checks, and the
-  host-side records read at points that already synchronize (logging, saving, the end).
-
-Where a step is judged (guard_checks.py): on an accelerator, on the device. Reading a flag
-on the host each step would stall the GPU queue every step (DESIGN.md section 4: no host
-sync per step), so there a bad step is never *decided* on the host; its update is made a
-no-op by the optimizer itself (the fused Adam/AdamW ``found_inf`` path that AMP's loss
-scaler uses: a 1 makes ``step()`` leave parameters and optimizer state untouched), or, for
-other optimizers, by putting the pre-step values back with ``torch.where`` on a device
-boolean, and the host learns about it at the next logging or save point. On the CPU the
-host *is* the device: reading the loss waits for nothing, so the checks are float
-arithmetic and a bad step's optimizer step is simply left out (the same decisions, rows
-and detector state; on the MLP benchmark no measurable cost, against ~200 µs a step for the
-device ops: benchmarks/guard_overhead.py).
-
-Several ranks: the flags of a step are agreed before its optimizer step by an all-reduce,
-so every rank skips the same step (distributed/guard_flags.py: stream-ordered on GPUs).
-Rollback, pause and stop are then decided at logging points from the agreed rows, which
-every rank reads at the same step: no further exchange is needed.
+Several ranks: the flags of a step are agreed before its optimizer step by an all-reduce
+(flags.py: stream-ordered on GPUs), so every rank skips the same step. Rollback, pause and
+stop are then decided at read points from the agreed rows, which every rank reads at the
+same step: no further exchange is needed.
 
 Scheduler rule: a skipped step still advances the learning-rate schedule, the step counter
 and the data position. The schedule stays a function of ``global_step`` (what a resume, the
@@ -32,98 +27,16 @@ the host at that very step.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from workbench.train.args import ArgumentError
-from workbench.train.guard_checks import MAX_PENDING, DeviceChecks, HostChecks, checks_on_host
+from workbench.guard.checks import MAX_PENDING, DeviceChecks, HostChecks, checks_on_host
+from workbench.guard.samples import DataOrder
+from workbench.guard.settings import Guard
 
-
-__all__ = ["Guard", "GuardMonitor", "EventBudget", "NONFINITE_ACTIONS", "SPIKE_ACTIONS", "GUARD_FIELDS"]
-
-DataOrder = Any  # annotations only: workbench.data.order is imported by the loop that sets it
-Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
-
-NONFINITE_ACTIONS = ("off", "skip", "rollback", "pause", "stop")
-SPIKE_ACTIONS = ("off", "skip", "rollback", "pause")
-
-
-@dataclass(frozen=True)
-class Guard:
-    """What to do about a non-finite or spiking loss; everything off by default (HF parity).
-
-    ``nonfinite``: action when the step's loss (or gradient norm) is NaN/inf.
-    ``spike``: action when the step's loss exceeds ``spike_factor`` x the running median of
-    the last ``window`` accepted steps (checked once ``window`` steps were seen).
-    ``snapshot_every`` / ``snapshots``: in-memory snapshots for rollback (steps apart, ring size);
-    every checkpoint save is a snapshot too, so a resumed run rolls back as the uninterrupted one.
-    ``rollback_skip``: data batches skipped past the spike after a rollback.
-    ``lr_backoff``: factor applied to the learning rate after a rollback (None: unchanged).
-    ``max_interventions``: after this many, pause an interactive run or stop a headless run
-    with a checkpoint (None: no limit).
-    ``max_no_progress``: escalate the same way when the guard makes no progress: this many
-    interventions in a row without an accepted step between them (every step non-finite, or
-    skipped), or this many rollbacks to the same step (None: never).
-    """
-
-    nonfinite: str = "off"
-    spike: str = "off"
-    spike_factor: float = 3.0
-    window: int = 50
-    snapshot_every: int = 50
-    snapshots: int = 1
-    rollback_skip: int = 0
-    lr_backoff: float | None = None
-    max_interventions: int | None = None
-    max_no_progress: int | None = 10
-
-    def __post_init__(self) -> None:
-        # ArgumentError names the field: the config loader turns it into "file:line: guard.KEY: reason".
-        if self.nonfinite not in NONFINITE_ACTIONS:
-            raise ArgumentError("nonfinite", f"expected one of {', '.join(NONFINITE_ACTIONS)}, got {self.nonfinite!r}")
-        if self.spike not in SPIKE_ACTIONS:
-            raise ArgumentError("spike", f"expected one of {', '.join(SPIKE_ACTIONS)}, got {self.spike!r}")
-        if isinstance(self.spike_factor, bool) or not isinstance(self.spike_factor, (int, float)) \
-                or not math.isfinite(self.spike_factor) or self.spike_factor <= 1:
-            raise ArgumentError("spike_factor", f"expected a number > 1, got {self.spike_factor!r}")
-        for name, low in (("window", 1), ("snapshot_every", 1), ("snapshots", 1), ("rollback_skip", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ArgumentError(name, f"expected an integer >= {low}, got {value!r}")
-        if self.lr_backoff is not None and (isinstance(self.lr_backoff, bool)
-                                            or not isinstance(self.lr_backoff, (int, float))
-                                            or not 0 < self.lr_backoff <= 1):
-            raise ArgumentError("lr_backoff", f"expected a factor in (0, 1], got {self.lr_backoff!r}")
-        for name in ("max_interventions", "max_no_progress"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ArgumentError(name, f"expected an integer >= 1, got {value!r}")
-
-    @property
-    def active(self) -> bool:
-        """Whether anything is watched (an inactive guard costs the loop one attribute check)."""
-        return self.nonfinite != "off" or self.spike != "off"
-
-    @property
-    def rolls_back(self) -> bool:
-        """Whether an action is rollback (then the loop keeps a ring of in-memory snapshots)."""
-        return "rollback" in (self.nonfinite, self.spike)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Guard":
-        """A Guard from a ``[guard]`` table; unknown keys raise ArgumentError naming the key."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        for key in data:
-            if key not in names:
-                raise ArgumentError(key, f"unknown key (expected one of: {', '.join(names)})")
-        return cls(**data)
-
-
-GUARD_FIELDS = tuple(f.name for f in dataclasses.fields(Guard))
+__all__ = ["GuardMonitor", "EventBudget"]
 
 
 class GuardMonitor:
@@ -136,9 +49,9 @@ class GuardMonitor:
     synchronize anyway) reads what happened and returns the new interventions.
     """
 
-    # Set by the loop: recomputes the dataset rows of a bad step (data/order.py), so a record
-    # names its samples at no per-step cost; None records positions only.
-    order: "DataOrder | None" = None
+    # Set by the guard's runner: recomputes the dataset rows of a bad step (samples.py), so a
+    # record names its samples at no per-step cost; None records positions only.
+    order: DataOrder | None = None
 
     def __init__(self, guard: Guard, optimizer: torch.optim.Optimizer, device: torch.device,
                  num_processes: int = 1, saved: dict[str, Any] | None = None, *,
@@ -161,11 +74,6 @@ class GuardMonitor:
         self._count = 0  # steps since the last collect
         self.interventions: list[dict[str, Any]] = []
         self.new: list[dict[str, Any]] = []  # found by the last collect
-        # Data the run jumped over (rollbacks), so the data position is no longer a function
-        # of the step: micro-batches skipped in all, and where the next step starts
-        # ([epoch, micro-batch], set by the loop each step). Both go into checkpoints.
-        self.skipped = 0
-        self.position: tuple[int, int] | None = None
         # No progress (Guard.max_no_progress): interventions since the last accepted step, and
         # rollbacks per restored step, since the last escalation; why the last one escalated.
         self.in_a_row = 0
@@ -276,11 +184,9 @@ class GuardMonitor:
     def export(self) -> dict[str, Any]:
         """What a checkpoint keeps (workbench_state.json): interventions and the detector's
         state, so a resumed run decides exactly as the uninterrupted one. Call ``collect`` first."""
-        data = {"skipped": self.skipped, "position": list(self.position) if self.position else None}
         progress = {"in_a_row": self.in_a_row, "restores": {str(k): v for k, v in self.restores.items()},
                     "escalated": self.escalated}
-        return {"interventions": [dict(r) for r in self.interventions], **self.detector(), "data": data,
-                "progress": progress}
+        return {"interventions": [dict(r) for r in self.interventions], **self.detector(), "progress": progress}
 
     def detector(self) -> dict[str, Any]:
         """The spike detector's state (a host read of the running-median ring)."""
@@ -288,11 +194,8 @@ class GuardMonitor:
         return {"ring": checks.ring(), "pos": checks.pos, "seen": checks.seen}
 
     def restore(self, saved: dict[str, Any]) -> None:
-        """Back to an exported state: interventions, data offset and detector."""
+        """Back to an exported state: interventions, progress and detector."""
         self.interventions = [dict(r) for r in saved.get("interventions", [])]
-        data = saved.get("data") or {}
-        self.skipped = int(data.get("skipped", 0))
-        self.position = tuple(data["position"]) if data.get("position") else None
         progress = saved.get("progress") or {}
         self.in_a_row = int(progress.get("in_a_row", 0))
         self.restores = {int(k): int(v) for k, v in (progress.get("restores") or {}).items()}
@@ -354,9 +257,3 @@ def _supports_found_inf(optimizer: torch.optim.Optimizer) -> bool:
 def _json_number(value: float) -> float | str:
     """events.jsonl is strict JSON: NaN/inf are written as strings."""
     return value if math.isfinite(value) else str(value)
-
-
-def guard_for(trainer: "Trainer") -> Guard | None:
-    """The trainer's guard when it watches anything, else None (the loop's one check)."""
-    guard = getattr(trainer, "guard", None)
-    return guard if guard is not None and guard.active else None

@@ -17,16 +17,16 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from workbench.train.accelerator_config import AcceleratorConfig
-from workbench.train.arg_values import (  # noqa: F401 - ArgumentError and FSDP_SHARDING are part of this module's API
-    FSDP_SHARDING, ArgumentError, check_steps, fsdp_options, is_multiple, json_file, json_or_dict, typed_strings,
+from workbench.core.args.accelerator import AcceleratorConfig
+from workbench.core.args.values import (  # noqa: F401 - ArgumentError and FSDP_SHARDING are part of this module's API
+    FSDP_SHARDING, ArgumentError, check_steps, fsdp_options, is_multiple, json_file, json_or_dict, learning_rate_problem,
+    typed_strings,
 )
-from workbench.train.arg_enums import (
+from workbench.core.args.enums import (
     SERVED_SCHEDULES, DebugOption, HubStrategy, IntervalStrategy, OptimizerNames, ParallelMode, SaveStrategy,
     SchedulerType, SERVED_OPTIMIZERS, unserved_optimizer,
 )
-from workbench.train.args_methods import LOG_LEVELS, ArgumentSetters, ProcessMembers
-from workbench.train.edits import learning_rate_problem
+from workbench.core.args.methods import LOG_LEVELS, ArgumentSetters, ProcessMembers
 
 __all__ = [
     "AcceleratorConfig",
@@ -72,7 +72,15 @@ _DDP_BACKENDS = ("gloo", "nccl", "mpi", "ccl", "hccl", "cncl", "mccl", "xccl")
 # Fields HF reads a JSON object string into a dict for (a command line gives text).
 _DICT_FIELDS = ("lr_scheduler_kwargs", "activation_checkpointing_kwargs", "gradient_checkpointing_kwargs",
                 "fsdp_config", "deepspeed", "accelerator_config")
-_REPORT_SINKS = ("jsonl", "trackio", "tensorboard")  # "all" means those installed
+# report_to's sinks and the package each needs (None: built in); "all" means those installed.
+REPORT_SINKS: dict[str, str | None] = {"jsonl": None, "trackio": "trackio", "tensorboard": "tensorboard"}
+
+
+def available_sinks() -> list[str]:
+    """Sinks whose package is installed (what report_to="all" means here)."""
+    import importlib.util
+
+    return [name for name, package in REPORT_SINKS.items() if package is None or importlib.util.find_spec(package)]
 
 
 @dataclass
@@ -457,13 +465,11 @@ class TrainingArguments(ProcessMembers, ArgumentSetters):
             sinks = [sinks]
         sinks = list(sinks)
         for sink in sinks:
-            if sink not in (*_REPORT_SINKS, "all", "none"):
-                raise ArgumentError("report_to", f"{sink!r} is not available; choose from: {', '.join((*_REPORT_SINKS, 'all', 'none'))}")
+            if sink not in (*REPORT_SINKS, "all", "none"):
+                raise ArgumentError("report_to", f"{sink!r} is not available; choose from: {', '.join((*REPORT_SINKS, 'all', 'none'))}")
         if "none" in sinks:
             sinks = []
         elif "all" in sinks:
-            from workbench.train.tracking import available_sinks
-
             sinks = available_sinks()
         self.report_to = sinks
 

@@ -1,7 +1,7 @@
 """The Session's data model: statuses, immutable snapshots, typed events, checkpoint rows,
 memory figures and compact series.
 
-These are the value types of the front-end door (``workbench.session.protocol``): plain
+These are the value types of the front-end door (``workbench.door.protocol``): plain
 data only (numbers, strings, tuples, dicts), no torch and no trainer objects, so a
 front-end can import them without the training stack, and a client of a run in another
 process can rebuild them from JSON. Kept apart from local.py (threads and commands).
@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from workbench.records import CheckpointRow, MemoryUsage, edit_changes, is_timing_metric
+from workbench.core.records import CheckpointRow, MemoryUsage, edit_changes, is_timing_metric
 
-__all__ = ["Status", "ENDED", "Snapshot", "SessionEvent", "CheckpointRow", "MemoryUsage", "Intervention", "SNAPSHOT_INTERVENTIONS",
+__all__ = ["Status", "ENDED", "LOOP_HELD", "Snapshot", "SessionEvent", "CheckpointRow", "MemoryUsage", "Intervention", "SNAPSHOT_INTERVENTIONS",
            "SNAPSHOT_EDITS", "SeriesStore",
            "is_timing_metric", "edit_changes"]
 
@@ -45,6 +45,8 @@ class Status(enum.StrEnum):
 
 # The statuses of a run whose thread has ended.
 ENDED: frozenset[Status] = frozenset({Status.FINISHED, Status.STOPPED, Status.FAILED})
+# The statuses in which the training loop is not running a step (the model can be read).
+LOOP_HELD: frozenset[Status] = frozenset({Status.PAUSED, Status.IDLE, *ENDED})
 
 
 @dataclass(frozen=True)

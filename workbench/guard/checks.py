@@ -28,11 +28,10 @@ from __future__ import annotations
 import bisect
 import math
 import struct
-from typing import Any
 
 import torch
 
-from workbench.distributed.guard_flags import all_reduce_flags
+from workbench.guard.flags import all_reduce_flags
 
 __all__ = ["DeviceChecks", "HostChecks", "checks_on_host", "MAX_PENDING"]
 

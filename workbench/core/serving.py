@@ -1,7 +1,9 @@
 """The hook through which ``Trainer.train()`` serves a control endpoint (``control = true``).
 
 The endpoint belongs to the session layer (workbench.session, workbench.control), which the
-core never imports. So the core only defines this slot, and the session layer fills it:
+training layer never imports (it is above it). So the slot lives here, in the bottom layer
+both see: the Trainer calls it, and the package's facade fills it with the session layer's
+runner:
 ``workbench/__init__.py`` registers the runner, and Python runs that package file before
 any ``workbench.*`` module, so every way of importing the Trainer has it. A Trainer
 trained by a Session (``trainer.control_owner`` set) leaves the endpoint to that Session.

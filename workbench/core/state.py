@@ -11,6 +11,8 @@ workbench's classes also accept transformers' (see ``ExportableState.__subclassh
 
 from __future__ import annotations
 
+from workbench.core.names import WORKBENCH_STATE_NAME
+
 import abc
 import dataclasses
 import json
@@ -67,8 +69,7 @@ class ExportableState(abc.ABC):
 
 
 # workbench's own run state, kept out of trainer_state.json (in workbench_state.json).
-WORKBENCH_STATE_FIELDS = ("live_edits", "loss_window", "guard")
-WORKBENCH_STATE_NAME = "workbench_state.json"
+WORKBENCH_STATE_FIELDS = ("live_edits", "loss_window", "guard", "position")
 
 
 @dataclass
@@ -156,13 +157,15 @@ class WorkbenchState:
     ``live_edits``: hyperparameter edits applied during the run, replayed on resume.
     ``loss_window``: the training loss not yet logged (since step ``since_step``), so a
     resumed run logs the same values as an uninterrupted one. ``guard``: the guard's
-    interventions and detector state (train/guard.py), so a resumed run repeats the
-    uninterrupted one's decisions.
+    interventions and detector state (workbench/guard/), so a resumed run repeats the
+    uninterrupted one's decisions. ``position``: where the data goes on (the loop's
+    position and the micro-batches an epoch it was counted in).
     """
 
     live_edits: list[dict[str, Any]] = field(default_factory=list)
     loss_window: dict[str, Any] | None = None
     guard: dict[str, Any] | None = None
+    position: dict[str, Any] | None = None  # the loop's position (core/run.py LoopPosition)
 
     def to_json_string(self) -> str:
         """workbench_state.json's text (``format`` 1)."""

@@ -1,7 +1,7 @@
 """SessionLike: the one door front-ends use to watch and steer a run.
 
 The terminal dashboard and the notebook panel (``workbench.widgets``) are written against
-this protocol and the value types in ``workbench.session.state``, never against the
+this protocol and the value types in ``workbench.door.values``, never against the
 Session class, the trainer or the checkpoint store. The local :class:`~workbench.session.local.Session`
 implements it; a client attached to a run in another process can implement it too,
 because everything crossing the door is plain data: statuses, snapshots, events,
@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from workbench.session.state import ENDED, CheckpointRow, Intervention, MemoryUsage, SessionEvent, Snapshot, Status
+from workbench.door.values import ENDED, CheckpointRow, Intervention, MemoryUsage, SessionEvent, Snapshot, Status
 
 __all__ = ["SessionLike", "Status", "ENDED", "Snapshot", "SessionEvent", "CheckpointRow", "MemoryUsage", "Intervention"]
 

@@ -7,11 +7,12 @@ Each checker raises :class:`ArgumentError`, whose ``key`` names the field.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 __all__ = ["ArgumentError", "FSDP_SHARDING", "FSDP_OPTIONS", "check_steps", "fsdp_options", "json_file",
-           "typed_strings", "json_or_dict", "is_multiple"]
+           "typed_strings", "json_or_dict", "is_multiple", "learning_rate_problem", "check_learning_rate"]
 
 
 class ArgumentError(ValueError):
@@ -103,3 +104,23 @@ def is_multiple(save_steps: float, eval_steps: float | None) -> bool:
         ratio = save_steps / eval_steps
         return abs(ratio - round(ratio)) < 1e-9 and round(ratio) >= 1
     return int(save_steps) % int(eval_steps) == 0
+
+
+def learning_rate_problem(value: Any) -> str | None:
+    """What is wrong with ``value`` as a learning rate, or None if it is fine.
+
+    The one rule for a learning rate, wherever one is set: TrainingArguments, a live edit
+    (Session.set, the dashboard's form, the notebook's field), a branch's override. A finite
+    number >= 0 (0 freezes the weights, a legitimate experiment); NaN and infinities are
+    refused because a single NaN step poisons every weight for the rest of the run.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return f"expected a finite number >= 0 (e.g. 1e-4), got {value!r}"
+    return None
+
+
+def check_learning_rate(value: Any) -> None:
+    """Raise ValueError ("learning_rate: ...") unless ``value`` is a valid learning rate."""
+    problem = learning_rate_problem(value)
+    if problem is not None:
+        raise ValueError(f"learning_rate: {problem}")

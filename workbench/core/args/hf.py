@@ -13,7 +13,7 @@ import dataclasses
 import enum
 from typing import Any
 
-from workbench.train.args import ArgumentError, TrainingArguments
+from workbench.core.args.training import ArgumentError, TrainingArguments
 
 __all__ = ["is_hf_training_arguments", "as_workbench_arguments"]
 

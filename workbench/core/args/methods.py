@@ -2,7 +2,7 @@
 
 Two mixins of :class:`workbench.TrainingArguments`: :class:`ProcessMembers` (which process
 this is, whether it logs or saves, ``main_process_first``) read Accelerate's distributed
-state, made once by :func:`workbench.distributed.world.distributed_state` with these
+state, made once by :func:`workbench.core.world.distributed_state` with these
 arguments (as the Trainer makes it, so asking early never changes the run);
 :class:`ArgumentSetters` are HF's grouped ``set_*`` helpers.
 """
@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from workbench.train.arg_enums import (
+from workbench.core.args.enums import (
     IntervalStrategy, OptimizerNames, ParallelMode, SaveStrategy, SchedulerType,
 )
 
@@ -31,7 +31,7 @@ class ProcessMembers:
     @property
     def distributed_state(self) -> Any:
         """Accelerate's PartialState for this run (made with these arguments on first use)."""
-        from workbench.distributed.world import distributed_state
+        from workbench.core.world import distributed_state
 
         return distributed_state(self)
 
@@ -165,7 +165,7 @@ class ArgumentSetters:
                       beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8,
                       args: str | None = None) -> Any:
         """The optimizer and its hyperparameters (a name torch cannot build is refused at once)."""
-        from workbench.train.arg_enums import unserved_optimizer
+        from workbench.core.args.enums import unserved_optimizer
 
         self.optim = _choice(OptimizerNames, name, "name")
         problem = unserved_optimizer(self.optim)

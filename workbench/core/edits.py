@@ -1,45 +1,25 @@
-"""Live edits and the actions taken between steps: part of the loop's own layer.
+"""Live edits: the one rule for each editable hyperparameter, and how an edit is applied.
 
 An edit (learning rate or LR scale, step intervals, max_steps, epochs) is validated here,
-once, whoever asks for it: the Session, a rank following rank 0, or a resume. Saving or
-evaluating outside the loop (a paused run) leaves every RNG stream as it was, so the run
-stays bitwise equal to one never paused.
+once, whoever asks for it: the Session, a front-end's form, a remote client, a rank
+following rank 0, a resume that replays the run's edits, the guard's ``lr_backoff``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from workbench.records import RECORD_FIELDS, edit_changes  # noqa: F401 - part of this module's API
-from workbench.train.rng import rng_preserved
+from workbench.core.args.values import check_learning_rate, learning_rate_problem  # noqa: F401 - part of this module's API
+from workbench.core.records import RECORD_FIELDS, edit_changes  # noqa: F401 - part of this module's API
 
-
-__all__ = ["EDITABLE", "RECORD_FIELDS", "MAX_REASON", "check_reason", "edit_changes", "learning_rate_problem", "check_learning_rate", "parse_edit", "validate_edits",
-           "apply_edit", "replay_edits", "save_between_steps", "evaluate_between_steps"]
-
-Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
+if TYPE_CHECKING:
+    from workbench.core.run import Run
 
 
-def learning_rate_problem(value: Any) -> str | None:
-    """What is wrong with ``value`` as a learning rate, or None if it is fine.
-
-    The one rule for a learning rate, wherever one is set: TrainingArguments, a live edit
-    (Session.set, the dashboard's form, the notebook's field), a branch's override. A finite
-    number >= 0 (0 freezes the weights, a legitimate experiment); NaN and infinities are
-    refused because a single NaN step poisons every weight for the rest of the run.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        return f"expected a finite number >= 0 (e.g. 1e-4), got {value!r}"
-    return None
-
-
-def check_learning_rate(value: Any) -> None:
-    """Raise ValueError ("learning_rate: ...") unless ``value`` is a valid learning rate."""
-    problem = learning_rate_problem(value)
-    if problem is not None:
-        raise ValueError(f"learning_rate: {problem}")
+__all__ = ["EDITABLE", "RECORD_FIELDS", "MAX_REASON", "check_reason", "edit_changes", "learning_rate_problem",
+           "check_learning_rate", "parse_edit", "validate_edits", "apply_edit", "replay_edits"]
 
 
 def _positive_number(name: str) -> Callable[[Any], None]:
@@ -130,10 +110,10 @@ def validate_edits(changes: Mapping[str, Any], current_step: int = 0) -> dict[st
     return parsed
 
 
-def _set_base_lrs(trainer: "Trainer", base_lrs: list[float]) -> None:
+def _set_base_lrs(run: "Run", base_lrs: list[float]) -> None:
     """Set the rates the schedule scales from, and the current rates to match at once."""
-    scheduler = trainer.lr_scheduler
-    optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    scheduler = run.lr_scheduler
+    optimizer = getattr(run.optimizer, "optimizer", run.optimizer)
     if scheduler is None or optimizer is None:
         raise ValueError("learning_rate: the optimizer does not exist yet; start the run first")
     factors = [lr / base if base else 0.0 for lr, base in zip(scheduler.get_last_lr(), scheduler.base_lrs)]
@@ -144,25 +124,25 @@ def _set_base_lrs(trainer: "Trainer", base_lrs: list[float]) -> None:
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
-def apply_edit(trainer: "Trainer", key: str, value: Any) -> Any:
+def apply_edit(run: "Run", key: str, value: Any) -> Any:
     """Apply one live edit at a step boundary; returns the value applied."""
     value = parse_edit(key, value)
-    state = trainer.state
+    state = run.state
     if key == "learning_rate":
-        _set_base_lrs(trainer, [float(value)] * len(trainer.lr_scheduler.base_lrs))
+        _set_base_lrs(run, [float(value)] * len(run.lr_scheduler.base_lrs))
     elif key == "lr_scale":
-        _set_base_lrs(trainer, [base * float(value) for base in trainer.lr_scheduler.base_lrs])
+        _set_base_lrs(run, [base * float(value) for base in run.lr_scheduler.base_lrs])
     elif key == "max_steps":
         if value < state.global_step:
             raise ValueError(f"max_steps: {value} is below the current step {state.global_step}")
         state.max_steps = int(value)
-        per_epoch = getattr(trainer, "_updates_per_epoch", None)
+        per_epoch = run.updates_per_epoch
         if per_epoch:
             state.num_train_epochs = math.ceil(state.max_steps / per_epoch)
     elif key == "num_train_epochs":
         # Optimizer steps per epoch, as the loop planned them (max_steps / num_train_epochs is
         # not it when max_steps is not a whole number of epochs).
-        per_epoch = getattr(trainer, "_updates_per_epoch", None)
+        per_epoch = run.updates_per_epoch
         if not per_epoch:
             raise ValueError("num_train_epochs: this run has no epoch length (streaming data, or not "
                              "started); edit max_steps")
@@ -176,38 +156,17 @@ def apply_edit(trainer: "Trainer", key: str, value: Any) -> Any:
     return value
 
 
-def replay_edits(trainer: "Trainer") -> None:
+def replay_edits(run: "Run") -> None:
     """After a resume: re-apply the edits that the restored files do not already carry.
 
     The schedule's base rates come back with scheduler.pt and the step intervals with
     trainer_state.json; max_steps is recomputed from the arguments on resume, so the last
     edited value (of max_steps, or of num_train_epochs converted to steps) is put back here.
     """
-    per_epoch = getattr(trainer, "_updates_per_epoch", None)
-    for edit in trainer.workbench_state.live_edits:
+    per_epoch = run.updates_per_epoch
+    for edit in run.workbench_state.live_edits:
         for key, value in edit.items():  # in the order they were applied
             if key == "max_steps":
-                trainer.state.max_steps = int(value)
+                run.state.max_steps = int(value)
             elif key == "num_train_epochs" and per_epoch:
-                trainer.state.max_steps = math.ceil(per_epoch * value)
-
-
-def save_between_steps(trainer: "Trainer") -> Any:
-    """Save a checkpoint outside the loop (a paused run): RNG streams untouched, the files
-    published before this returns, on_save callbacks told. Returns the checkpoint path."""
-    with rng_preserved():
-        path = trainer._save_checkpoint(trainer.model, trial=None)
-        trainer.checkpoint_writer.wait()
-    trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
-    return path
-
-
-def evaluate_between_steps(trainer: "Trainer") -> dict[str, float]:
-    """Evaluate outside the loop (a paused run), leaving the RNG streams and train mode as they were."""
-    model = trainer.model
-    was_training = model.training
-    with rng_preserved():
-        try:
-            return trainer.evaluate()
-        finally:
-            model.train(was_training)
+                run.state.max_steps = math.ceil(per_epoch * value)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from workbench.train.model_kinds import model_kind
+from workbench.models.kinds import model_kind
 
 IGNORE_INDEX = -100
 
