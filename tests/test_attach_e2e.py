@@ -45,6 +45,16 @@ def wait_until(condition: Callable[[], object], what: str, timeout: float = 120.
         time.sleep(every)
 
 
+def poll_until(condition: Callable[[], object], timeout: float, every: float = 0.3) -> bool:
+    """Whether ``condition`` turns true within ``timeout`` seconds (no failure when it does not)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every)
+    return True
+
+
 def ctl_status(out: Path, cwd: Path, *extra: str) -> dict:
     result = workbench("ctl", out, "status", "--json", *extra, cwd=cwd)
     assert result.returncode == 0, result.stderr
@@ -223,10 +233,17 @@ def test_attach_over_tcp_with_a_token_from_the_command_line(tmp_path):
                 assert not code.exists(), _capture(name)
                 return text in _capture(name)
 
-            wait_until(lambda: shows("RUNNING"), "the dashboard attached over TCP", 120, 0.3)
-            _keys(name, "space")
+            wait_until(lambda: shows("RUNNING") and re.search(r"step \d+/100000", _capture(name)),
+                       "the dashboard attached over TCP", 120, 0.3)
+            # A key pressed while a loaded machine is still drawing the first screen can be
+            # lost: pressed again until the run says it is paused (never twice once it is).
+            paused = lambda: ctl_status(target, tmp_path, "--token", token)["status"] == "paused"  # noqa: E731
+            for _ in range(3):
+                _keys(name, "space")
+                if poll_until(paused, 30):
+                    break
             wait_until(lambda: shows("PAUSED"), "the PAUSED badge", 120, 0.3)
-            assert ctl_status(target, tmp_path, "--token", token)["status"] == "paused"
+            assert paused()
             _keys(name, "space")
             wait_until(lambda: shows("RUNNING"), "the RUNNING badge again", 120, 0.3)
             _keys(name, "q")
