@@ -59,7 +59,7 @@ def test_workbench_resumes_from_a_checkpoint_transformers_wrote(reference, tmp_p
     hf_checkpoint = reference["root"] / "hf" / "checkpoint-3"
     assert not (hf_checkpoint / "manifest.json").exists() and (hf_checkpoint / "training_args.bin").is_file()
     # `workbench run --resume PATH` checks it before any work: accepted as a transformers checkpoint.
-    from workbench.cli import _check_resume_path
+    from workbench.cli.output_dir import check_resume_path as _check_resume_path
 
     _check_resume_path(hf_checkpoint)
     # An explicit path: a structural check, then a resume with a warning that it is unverified.

@@ -26,12 +26,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 FRONT_END_LIBRARIES = ("textual", "textual_plotext", "ipywidgets", "bqplot", "plotly", "plotext", "transformers")
 # The layers, bottom first: a package may import its own modules and those of the packages
-# before it, never one after it. "top" is the package's facade (workbench/__init__.py), the
-# CLI and the other top-level modules.
+# before it, never one after it. "top" is the package's facade (workbench/__init__.py) and the
+# other top-level modules.
 PACKAGES = ("core", "data", "models", "checkpoint", "distributed", "guard", "train", "config",
-            "door", "widgets", "control", "session", "top")
+            "door", "widgets", "control", "session", "cli", "top")
 # The front-ends' packages: below them, no front-end library is imported at module level.
-FRONT_ENDS = ("widgets", "top")
+FRONT_ENDS = ("widgets", "cli", "top")
 
 
 def _modules() -> dict[str, Path]:
@@ -238,7 +238,8 @@ for module in sys.argv[1:]:
 """
 
 # What really loads, for every module below the front-ends (the CLI's headless path too).
-PROBED = sorted(m for m in MODULES if package(m) not in FRONT_ENDS or m in ("workbench", "workbench.cli"))
+PROBED = sorted(m for m in MODULES if package(m) not in FRONT_ENDS
+                or m in ("workbench", "workbench.cli", "workbench.cli.train", "workbench.cli.hangup"))
 
 
 @pytest.fixture(scope="module")

@@ -395,7 +395,7 @@ def test_cli_run_whose_every_step_is_nan_under_rollback_ends_with_one_line(tmp_p
 def test_a_terminal_is_gone_once_its_other_end_closes_and_nothing_else_ever_is(tmp_path):
     import pty
 
-    from workbench.hangup import terminal_gone
+    from workbench.cli.hangup import terminal_gone
 
     master, slave = pty.openpty()
     try:

@@ -12,13 +12,16 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch import nn
 
 from workbench.core.args.enums import SERVED_OPTIMIZERS, OptimizerNames, unserved_optimizer
 from workbench.core.args.training import TrainingArguments
+from workbench.core.trainer_utils import unwrap_model
 from workbench.models.param_groups import decay_parameter_names, parameter_groups  # noqa: F401 - part of this module's API
 from workbench.train.schedules import SCHEDULES, get_scheduler  # noqa: F401 - part of this module's API
 
 __all__ = [
+    "TrainerOptimizer",
     "decay_parameter_names",
     "parameter_groups",
     "get_optimizer_cls_and_kwargs",
@@ -75,3 +78,53 @@ def get_optimizer_cls_and_kwargs(args: TrainingArguments) -> tuple[type[torch.op
 def trainable_parameters(params: Iterable[torch.nn.Parameter]) -> int:
     """Number of elements in the parameters that require grad."""
     return sum(p.numel() for p in params if p.requires_grad)
+
+
+class TrainerOptimizer:
+    """The Trainer's optimizer and schedule, HF's override points (mixed into ``Trainer``)."""
+
+    def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
+        """Parameters that get weight decay (not biases, not norm weights)."""
+        return sorted(decay_parameter_names(model))
+
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """The optimizer from ``args.optim`` (or optimizer_cls_and_kwargs), decay groups applied.
+
+        ``model`` (HF's signature) optimizes another module than the Trainer's.
+        """
+        if self.optimizer is None:
+            model = unwrap_model(model if model is not None else self.model)
+            groups = parameter_groups(model, self.args.weight_decay)
+            cls, kwargs = self.optimizer_cls_and_kwargs or get_optimizer_cls_and_kwargs(self.args)
+            self.optimizer = cls(groups, **kwargs)
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        """The LR schedule from ``args.lr_scheduler_type`` over ``num_training_steps``."""
+        if self.lr_scheduler is None:
+            self.lr_scheduler = get_scheduler(
+                self.args.lr_scheduler_type,
+                optimizer if optimizer is not None else self.optimizer,
+                num_warmup_steps=self.args.get_warmup_steps(num_training_steps),
+                num_training_steps=num_training_steps,
+                scheduler_specific_kwargs=self.args.lr_scheduler_kwargs,
+            )
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        """Create both (HF order: optimizer first, schedule on it)."""
+        self.create_optimizer()
+        self.create_scheduler(num_training_steps, self.optimizer)
+
+    def get_learning_rates(self) -> list[float]:
+        """Current learning rate of each parameter group."""
+        if self.lr_scheduler is not None:
+            return list(self.lr_scheduler.get_last_lr())
+        if self.optimizer is None:
+            raise ValueError("the optimizer is not created yet: call train() or create_optimizer() first")
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def get_num_trainable_parameters(self) -> int:
+        """Number of parameter elements that require grad."""
+        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
