@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ import torch
 
 from workbench import TrainerCallback, TrainingArguments
 
-__all__ = ["make_args", "StopAt", "hf_logs", "tiny_bert", "token_rows", "weights", "assert_bitwise"]
+__all__ = ["make_args", "StopAt", "hf_logs", "tiny_bert", "token_rows", "weights", "assert_bitwise", "Spawned"]
 
 
 def make_args(out: str | Path, **overrides: Any) -> TrainingArguments:
@@ -95,3 +97,25 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+class Spawned(subprocess.Popen):
+    """A process whose stdout and stderr go to files in ``logs``, read back by ``communicate``.
+
+    A long run's progress lines fill an unread pipe (64 KiB) within a minute or so, and the
+    run then blocks on its next print: a test that steers a live run must never hand it one.
+    """
+
+    def __init__(self, args: list[str], *, logs: Path, **kwargs: Any) -> None:
+        logs.mkdir(parents=True, exist_ok=True)
+        stem = f"spawned-{time.monotonic_ns()}"
+        self.paths = (logs / f"{stem}.stdout", logs / f"{stem}.stderr")
+        self._files = [open(path, "w", encoding="utf-8") for path in self.paths]  # noqa: SIM115 - closed by communicate
+        super().__init__(args, stdout=self._files[0], stderr=self._files[1], text=True, **kwargs)
+
+    def communicate(self, input: Any = None, timeout: float | None = None) -> tuple[str, str]:  # noqa: A002
+        """Wait for the process (raising TimeoutExpired like Popen) and return (stdout, stderr)."""
+        self.wait(timeout)
+        for f in self._files:
+            f.close()
+        return tuple(path.read_text(encoding="utf-8", errors="replace") for path in self.paths)  # type: ignore[return-value]

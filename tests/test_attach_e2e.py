@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import Spawned
+
 from workbench.checkpoint.store import CheckpointStore
 from workbench.control.discovery import CONTROL_FILE, read_control
 from workbench.core.event_file import read_events
@@ -66,8 +68,8 @@ def headless_run(tmp_path: Path, *extra: str, config: str = CTL_CONFIG) -> Itera
     """``workbench run run.toml --headless EXTRA`` until its control.json is written; killed on the way out."""
     (tmp_path / "run.toml").write_text(config)
     out = tmp_path / "out"
-    run = subprocess.Popen([sys.executable, "-m", "workbench", "run", "run.toml", "--headless", *extra],
-                           cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = Spawned([sys.executable, "-m", "workbench", "run", "run.toml", "--headless", *extra],
+                  cwd=tmp_path, env=_env(), logs=tmp_path / "logs")
     try:
         wait_until(lambda: (out / CONTROL_FILE).exists() or run.poll() is not None, "control.json", 180)
         assert run.poll() is None, run.communicate()
@@ -334,8 +336,8 @@ def test_ctl_steers_two_ranks_at_the_same_step(tmp_path):
     (tmp_path / "run.toml").write_text(CTL_CONFIG)
     out = tmp_path / "out"
     env = {**_env(), "PYTHONPATH": os.pathsep.join([str(hook), str(REPO)]), "WB_TEST_RANK_LOG": str(logs)}
-    run = subprocess.Popen([sys.executable, "-m", "workbench", "run", "run.toml", "--headless", "--num-processes",
-                            "2"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = Spawned([sys.executable, "-m", "workbench", "run", "run.toml", "--headless", "--num-processes", "2"],
+                  cwd=tmp_path, env=env, logs=tmp_path / "logs")
     try:
         wait_until(lambda: (out / CONTROL_FILE).exists() or run.poll() is not None, "control.json", 240)
         assert run.poll() is None, run.communicate()

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from conftest import Spawned
 import torch
 
 from workbench.control.client import Connection, attach
@@ -263,8 +265,8 @@ def test_ctl_steers_a_headless_run(tmp_path):
     (tmp_path / "run.toml").write_text(CTL_CONFIG)
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    run = subprocess.Popen([sys.executable, "-m", "workbench", "run", "run.toml", "--headless"], cwd=tmp_path,
-                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = Spawned([sys.executable, "-m", "workbench", "run", "run.toml", "--headless"], cwd=tmp_path, env=env,
+                  logs=tmp_path / "logs")
     try:
         wait_for(lambda: (out / CONTROL_FILE).exists() or run.poll() is not None, "control.json", 120)
         assert run.poll() is None, run.communicate()
@@ -492,8 +494,8 @@ def test_a_client_tells_a_preempted_headless_run_and_follows_its_resume(tmp_path
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
     def launch(*extra: str) -> subprocess.Popen:
-        run = subprocess.Popen([sys.executable, "-m", "workbench", "run", "run.toml", "--headless", *extra],
-                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        run = Spawned([sys.executable, "-m", "workbench", "run", "run.toml", "--headless", *extra],
+                      cwd=tmp_path, env=env, logs=tmp_path / "logs")
         wait_for(lambda: (out / CONTROL_FILE).exists() or run.poll() is not None, "control.json", 120)
         assert run.poll() is None, run.communicate()
         return run

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import Spawned
+
 from workbench import Trainer, TrainingArguments, TrainerCallback, TrainOutput
 from workbench.control.client import attach
 from workbench.control.discovery import CONTROL_FILE, NoLiveRun, read_control
@@ -321,7 +323,7 @@ def test_a_two_process_trainer_with_control_on_is_steered_from_rank_0(tmp_path):
     out.mkdir()
     command, env = launcher_command(2, [str(script), str(out)])
     env = {**os.environ, **env, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
-    run = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = Spawned(command, cwd=tmp_path, env=env, logs=tmp_path / "logs")
     try:
         wait_for(lambda: (out / CONTROL_FILE).exists() or run.poll() is not None, "control.json", 240)
         assert run.poll() is None, run.communicate()

@@ -32,7 +32,7 @@ from workbench import metrics as wb_metrics
 from workbench.data.builtin import load_builtin_data
 from workbench.models import MLPClassifier
 from workbench.core.event_file import read_events
-from conftest import StopAt
+from conftest import Spawned, StopAt
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -624,8 +624,7 @@ def cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProc
 
 def cli_start(*args: str, cwd: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "workbench.cli", *map(str, args)], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return Spawned([sys.executable, "-m", "workbench.cli", *map(str, args)], cwd=cwd, env=env, logs=cwd / "logs")
 
 
 def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import Spawned
+
 from workbench.checkpoint.store import CheckpointStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -368,9 +370,8 @@ def _rank_pid(config: Path, rank: int, timeout: float = 60) -> int:
 def test_a_rank_killed_mid_run_ends_the_launch_and_the_newest_checkpoint_resumes(tmp_path):
     config = _project(tmp_path, "long", max_steps=100000)
     out = tmp_path / "long"
-    launcher = subprocess.Popen(_workbench("run", str(config), "--headless", "--num-processes", "2"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
-                                cwd=tmp_path)
+    launcher = Spawned(_workbench("run", str(config), "--headless", "--num-processes", "2"), env=_env(),
+                       cwd=tmp_path, logs=tmp_path / "logs")
     try:
         deadline = time.monotonic() + 180
         while not (out / "checkpoint-15").is_dir() and time.monotonic() < deadline:

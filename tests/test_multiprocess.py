@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import Spawned
+
 from workbench.checkpoint.store import CheckpointStore
 from workbench.distributed.launch import launcher_command
 
@@ -201,8 +203,7 @@ def test_sigterm_to_launcher_or_one_rank_saves_one_checkpoint_and_resumes(tmp_pa
         args = ["run", str(config), "--headless", "--num-processes", "2", *overrides]
         if target != "launcher":
             args.append("--resume")
-        proc = subprocess.Popen(_workbench(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=_env(), cwd=tmp_path)
+        proc = Spawned(_workbench(*args), env=_env(), cwd=tmp_path, logs=tmp_path / "logs")
         try:
             _wait_for_step(out / "events.jsonl", (stopped_at[-1] if stopped_at else 0) + 40, proc)
             if target == "launcher":
@@ -347,15 +348,15 @@ def forced_fsdp(args):
     acc.state.fsdp_plugin = _fsdp_plugin(args)
     return acc
 
-wrap_model = loop.TrainingLoop._wrap_model
+prepare_for_training = loop.prepare_for_training
 
-def recording_wrap(self):
-    model = wrap_model(self)
+def recording_prepare(run):
+    model = prepare_for_training(run)
     Path(os.environ["PARAM_KIND"]).write_text(type(next(model.parameters())).__name__)
     return model
 
 trainer_module.make_accelerator = forced_fsdp
-loop.TrainingLoop._wrap_model = recording_wrap
+loop.prepare_for_training = recording_prepare
 from workbench.cli import main
 sys.exit(main(sys.argv[1:]))
 '''
