@@ -255,8 +255,9 @@ class ChecksUsed(TrainerCallback):
         self.kind = "none"
 
     def on_train_begin(self, args, state, control, **kwargs):
-        loop = self.trainer._training_loop
-        checks = loop.guard.checks if loop is not None and loop.guard is not None else None
+        loop = self.trainer.loop
+        guard = loop.guard if loop is not None else None
+        checks = guard.monitor.checks if guard is not None and guard.active else None
         if isinstance(checks, guard_checks.DeviceChecks):
             self.kind = "device/found_inf" if checks._found_inf else "device/mask"
         elif checks is not None:

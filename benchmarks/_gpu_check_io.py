@@ -451,7 +451,8 @@ def check_ranks(limit: float) -> Outcome:
     with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
         out = Path(tmp, "out")
         out.mkdir()
-        command, env = launcher_command(2, [str(Path(__file__).resolve()), "rank-worker", common.DEVICE, str(out)])
+        bodies = Path(__file__).resolve().with_name("_gpu_check_bodies.py")  # the checks' entry point
+        command, env = launcher_command(2, [str(bodies), "rank-worker", common.DEVICE, str(out)])
         env["OMP_NUM_THREADS"] = "1"
         # Same process group as this check: gpu_checks.py's time limit kills the ranks with it.
         result = subprocess.run(command, env=env, cwd=tmp)

@@ -1,6 +1,6 @@
 """The dashboard app: a thin view over a session (``SessionLike``) that also steers it.
 
-Threading (DESIGN.md section 4):
+Threading (docs/architecture.md, section 5):
 
 - the training thread never calls into the app; the app *polls* ``session.snapshot()`` (an
   immutable object swapped atomically) with ``set_interval`` at 4 Hz (3 Hz attached);

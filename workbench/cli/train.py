@@ -199,7 +199,7 @@ def stopped_by_guard(trainer) -> bool:
 def run_dashboard_run(ns: argparse.Namespace, trainer, resume: object, output_dir: Path) -> int:
     """The dashboard path: a Session trains in its thread while the app owns the terminal.
 
-    The app returns an outcome; its exit code follows DESIGN.md (q then Enter saves and
+    The app returns an outcome; its exit code follows core/exit_codes.py (q then Enter saves and
     exits 0). Messages are printed after the app has given the terminal back.
     """
     from workbench.checkpoint.lock import release_held

@@ -1,12 +1,12 @@
 """TOML config files -> :class:`RunConfig`, validated before any work starts.
 
 A run is described by one TOML file (``run_name``, ``[model]``, ``[data]``, ``[training]``,
-``[hooks]``; see DESIGN.md section 3). Everything a user can get wrong in it -- unknown keys,
+``[hooks]``; the README's "Config files and the CLI"). Everything a user can get wrong in it -- unknown keys,
 wrong types, impossible argument combinations, references that do not import -- is found
 here, before a model is built or a file is read, and reported as one :class:`ConfigError`
 line that names the file, the line and the key: ``x.toml:7: training.learnig_rate: unknown
 key (did you mean learning_rate?)``. References and relative paths resolve against the
-config file's folder first (DESIGN.md section 6), and :func:`dump_config` records the
+config file's folder first (then the working directory), and :func:`dump_config` records the
 resolved, absolute form so ``output_dir/config.toml`` reproduces the run from anywhere.
 """
 

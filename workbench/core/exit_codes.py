@@ -1,4 +1,4 @@
-"""The process exit codes of ``workbench`` commands, in one place (DESIGN.md section 3).
+"""The process exit codes of ``workbench`` commands, in one place (the README lists them).
 
 0 finished; 1 training failed; 2 a usage or config error (one line on stderr); 3 no live run
 answers (``workbench ctl``); 129 stopped by SIGHUP (the terminal closed) after a checkpoint;

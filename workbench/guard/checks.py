@@ -11,7 +11,7 @@ taken under one restores under the other.
   preallocated tensors, a bad step's update is made a no-op on the device (fused Adam's
   ``found_inf``, or the pre-step values put back with ``torch.where``) and the host reads
   the rows only at points that synchronize anyway. Reading a flag on the host each step
-  would stall the GPU queue every step (DESIGN.md section 4).
+  would stall the GPU queue every step.
 - :class:`HostChecks`, for CPU runs: there the "device" is the host, a tensor's ``item()``
   waits for nothing, and the ~10 tensor ops above cost ~50 µs of pure dispatch overhead a
   step (the MLP benchmark's 0.95, against 0.98 wanted). So the checks are plain float

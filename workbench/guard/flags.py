@@ -8,7 +8,7 @@ on the default group, right before the optimizer step (:func:`all_reduce_flags`)
 
 - **GPUs (NCCL)**: the all-reduce is ordered on the device stream; the host never waits,
   and the agreed flag reaches the fused optimizer's ``found_inf`` on the device. No per-step
-  host sync, as DESIGN.md asks.
+  host sync (no host sync per step: docs/architecture.md).
 - **CPU ranks (gloo)**: the all-reduce blocks the host, right after the gradients'
   all-reduce and the clipping, when the ranks are aligned anyway. Measured on 2 CPU ranks
   (benchmarks/guard_overhead.py --processes 2, MLP, 2 cores shared with other jobs, load
