@@ -118,12 +118,12 @@ def losses_of(trainer: Trainer) -> list[float]:
     return [e["loss"] for e in trainer.state.log_history if "loss" in e]
 
 
-N, DIM, BATCH = 64, 8, 4  # 16 steps of a linear regression, as tests/test_guard.py
+N, DIM, BATCH = 64, 8, 4  # 16 steps of a linear regression, as tests/support/guarded.py
 
 
 class Poisoned(Dataset):
     """Regression rows with an id; rows in ``nan_ids`` give a NaN loss, rows in ``spike_ids``
-    a loss ``spike`` times larger (the pattern of tests/test_guard.py)."""
+    a loss ``spike`` times larger (the pattern of tests/support/guarded.py)."""
 
     def __init__(self, nan_ids=(), spike_ids=(), spike: float = 400.0) -> None:
         gen = torch.Generator().manual_seed(0)

@@ -44,7 +44,7 @@ class SyncWatch:
 
     Two counters: Python-level reads of tensors by the training thread (``.item()``,
     ``.tolist()``, ``bool()``...; on the GPU only reads of GPU tensors), the CPU proxy of
-    tests/test_session.py; and on common.CUDA the warnings of ``torch.cuda.set_sync_debug_mode``,
+    tests/session/test_session_reports.py; and on common.CUDA the warnings of ``torch.cuda.set_sync_debug_mode``,
     switched on only inside those windows, which also catch syncs no Python method shows
     (a blocking copy, ``nonzero``, a Python scalar copied to the device).
     """
@@ -439,7 +439,7 @@ def rank_worker(out: str) -> None:
               "backend": torch.distributed.get_backend(),
               "weights": [p.detach().cpu().flatten().tolist() for p in model.parameters()]}
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
-    trainer.accelerator.wait_for_everyone()  # leave together (tests/test_guard.py says why)
+    trainer.accelerator.wait_for_everyone()  # leave together (tests/guard/test_guard_ranks_e2e.py says why)
     torch.distributed.destroy_process_group()
 
 

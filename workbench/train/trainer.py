@@ -4,7 +4,8 @@ The Trainer is a ``Run`` (core/run.py: the run's state, declared in one place) a
 facade over it: its methods are the override points users know (compute_loss,
 training_step, prediction_step, evaluate, save_model, ...), and every layer calls them. Its
 other override points are mixins, one a module: the data loaders (loaders.py), the
-optimizer and schedule (optim.py), the reporting methods (reports.py). The loop is
+optimizer and schedule (optim.py), the reporting methods (reports.py), the model's facts
+and its loss (loss.py). The loop is
 loop.py, evaluation evaluation.py, checkpoint files checkpoint/, the Accelerator set-up
 accelerator_setup.py, so each piece stays readable.
 """
@@ -18,7 +19,6 @@ import math
 import signal
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,16 +27,14 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-import workbench.models.losses as losses
-import workbench.models.kinds as model_kinds
 from workbench.core.args.training import TrainingArguments
 from workbench.core.args.hf import as_workbench_arguments
 from workbench.guard.settings import Guard
 from workbench.core.callbacks import CallbackHandler, TrainerCallback
 from workbench.core.state import TrainerControl, TrainerState, WorkbenchState
 from workbench.train.callbacks import DefaultFlowCallback, PrinterCallback, ProgressCallback
-from workbench.train.label_smoothing import LabelSmoother
 from workbench.train.loaders import TrainerData
+from workbench.train.loss import TrainerLoss
 from workbench.train.reports import TrainerReports
 from workbench.data.collators import default_collator_for
 from workbench.train.optim import TrainerOptimizer
@@ -65,7 +63,7 @@ __all__ = ["Trainer", "DEFAULT_CALLBACKS"]
 DEFAULT_CALLBACKS = [DefaultFlowCallback]
 
 
-class Trainer(TrainerData, TrainerOptimizer, TrainerReports, Run):
+class Trainer(TrainerData, TrainerOptimizer, TrainerReports, TrainerLoss, Run):
     """Train, evaluate and predict with any ``nn.Module`` (HF-compatible constructor).
 
     The model's forward may return a dict / ModelOutput / tuple with the loss first. A
@@ -196,38 +194,6 @@ class Trainer(TrainerData, TrainerOptimizer, TrainerReports, Run):
             return {}
         return self._memory.stop(stage)
 
-    # -- model facts ---------------------------------------------------------------------
-
-    def _inspect_model(self) -> None:
-        model = unwrap_model(self.model)
-        params = inspect.signature(model.forward).parameters
-        takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-        self.model_kind = losses.model_kind(model)
-        flag = getattr(model, "accepts_loss_kwargs", None)  # as HF: a model's own word comes first
-        self.model_accepts_loss_kwargs = flag if isinstance(flag, bool) else takes_kwargs or "num_items_in_batch" in params
-        self._model_takes_labels = takes_kwargs or "labels" in params
-        # A loss that ignores num_items_in_batch (BERT's heads) is computed from the logits by
-        # its kind's loss when a count is given (model_kinds.py says why).
-        self._model_loss_counts = model_kinds.loss_uses_item_count(model)
-        self._loss_by_kind = (self.model_kind in losses.LOSS_MAPPING and self._model_takes_labels
-                              and model_kinds.ignores_item_count(model))
-        if self.args.label_names is not None:
-            self.label_names = list(self.args.label_names)
-        else:
-            self.label_names = [n for n in params if "label" in n] or ["labels"]
-        self.can_return_loss = self._model_takes_labels
-        self.label_smoothing = self.args.label_smoothing_factor
-        config = getattr(model, "config", None)
-        problem = config.get("problem_type") if isinstance(config, dict) else getattr(config, "problem_type", None)
-        self._problem_type = problem  # the classifier loss follows it (losses.classification_loss)
-        if self.label_smoothing and problem == "multi_label_classification":
-            # As HF: smoothing is defined over classes of one label, not independent binary ones.
-            warnings.warn("Label smoothing is not compatible with multi-label classification. "
-                          "Disabling label smoothing for this training run.", UserWarning, stacklevel=3)
-            self.label_smoothing = 0.0
-        # HF's attribute, for compute_loss overrides written against transformers.
-        self.label_smoother = LabelSmoother(self.label_smoothing) if self.label_smoothing > 0 else None
-
     def call_model_init(self, trial: Any = None) -> nn.Module:
         """Build a model with ``model_init`` (it may take the trial or nothing)."""
         n_args = len(inspect.signature(self.model_init).parameters)
@@ -269,75 +235,6 @@ class Trainer(TrainerData, TrainerOptimizer, TrainerReports, Run):
         from accelerate.utils import send_to_device
 
         return send_to_device(inputs, self.accelerator.device, non_blocking=True)
-
-    def _trainer_computes_loss(self, inputs: dict[str, Any], num_items_in_batch: Any = None) -> bool:
-        """Whether compute_loss takes the labels out and computes the loss itself (also when
-        the model's own loss would ignore a target count it needs)."""
-        return "labels" in inputs and (
-            self.compute_loss_func is not None
-            or self.label_smoothing > 0
-            or not self._model_takes_labels
-            or (num_items_in_batch is not None and self._loss_by_kind)
-        )
-
-    def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
-                     num_items_in_batch: torch.Tensor | int | None = None):
-        """Forward pass and loss; ``num_items_in_batch`` counts targets of the whole accumulated batch.
-
-        A loss from ``compute_loss_func`` (or the default loss given num_items_in_batch) is
-        already normalized over the accumulated batch and is not divided again.
-        """
-        labels = None
-        if self._trainer_computes_loss(inputs, num_items_in_batch):
-            inputs = dict(inputs)
-            labels = inputs.pop("labels")
-        if self.model_accepts_loss_kwargs and num_items_in_batch is not None and labels is None:
-            inputs = {**inputs, "num_items_in_batch": num_items_in_batch}
-        outputs = model(**inputs)
-        if labels is not None:
-            if self.compute_loss_func is not None:
-                loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
-            else:
-                loss = self._default_loss(outputs, labels, num_items_in_batch)
-        else:
-            if isinstance(outputs, torch.Tensor):
-                # A bare tensor is the loss only when it is a scalar; otherwise it is logits.
-                loss = outputs if outputs.dim() == 0 else None
-            else:
-                loss = outputs.get("loss") if isinstance(outputs, dict) else outputs[0]
-            if loss is None:
-                keys = (", ".join(outputs) if isinstance(outputs, dict)
-                        else f"a tensor of shape {tuple(outputs.shape)}" if isinstance(outputs, torch.Tensor)
-                        else "a tuple")
-                raise ValueError(
-                    f"the model did not return a loss (it returned {keys}); pass labels in the inputs "
-                    "(a 'labels' column) or a compute_loss_func"
-                )
-        if (self.args.average_tokens_across_devices and num_items_in_batch is not None
-                and self.accelerator.num_processes > 1 and self._loss_is_normalized(inputs, labels)):
-            # DDP averages gradients over processes; the loss was divided by the global count.
-            loss = loss * self.accelerator.num_processes
-        return (loss, outputs) if return_outputs else loss
-
-    def _default_loss(self, outputs: Any, labels: torch.Tensor, num_items: Any) -> torch.Tensor:
-        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0] if isinstance(outputs, tuple) else outputs
-        loss_fn = losses.LOSS_MAPPING.get(self.model_kind or "")
-        if loss_fn is None:
-            raise ValueError(
-                f"cannot pick a default loss for {type(unwrap_model(self.model)).__name__}: "
-                f"set model.loss_type to one of {', '.join(losses.LOSS_MAPPING)} or pass compute_loss_func"
-            )
-        return loss_fn(logits, labels, num_items_in_batch=num_items, label_smoothing=self.label_smoothing,
-                       problem_type=self._problem_type)
-
-    def _loss_is_normalized(self, inputs: dict[str, Any], labels: Any) -> bool:
-        if self.compute_loss_func is not None:
-            return True
-        return labels is not None or (self.model_accepts_loss_kwargs and self._model_loss_counts)
-
-    def compute_loss_context_manager(self) -> contextlib.AbstractContextManager:
-        """Context for the forward pass (autocast is applied by Accelerate's model wrapper)."""
-        return contextlib.nullcontext()
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any],
                       num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
