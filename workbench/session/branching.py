@@ -9,12 +9,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for annotations only: the Trainer is a layer below, and heavy to import
+    from workbench.train.trainer import Trainer
 
 
 __all__ = ["check_branch", "check_resume_overrides", "branch_trainer"]
-
-Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 
 def check_branch(args: Any, step: int, output_dir: str | Path, overrides: dict[str, Any]) -> dict[str, Any]:

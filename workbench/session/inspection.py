@@ -10,7 +10,7 @@ sample holds a paused run for a bounded time.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,11 +18,11 @@ from workbench.models.kinds import model_kind
 from workbench.core.trainer_utils import unwrap_model
 from workbench.door.commands import check_sample_options
 
+if TYPE_CHECKING:  # for annotations only: the Trainer is a layer below, and heavy to import
+    from workbench.train.trainer import Trainer
+
 
 __all__ = ["inspect_model", "sample_text", "can_sample"]
-
-
-Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 
 def _optimizer_update(optimizer: Any, param: torch.nn.Parameter, lr: float) -> torch.Tensor | None:
