@@ -33,7 +33,7 @@ import time
 
 from workbench.control.client import RemoteSession, attach
 from workbench.control.discovery import NoLiveRun, read_control
-from workbench.session.state import ENDED
+from workbench.door.values import ENDED
 
 
 def now() -> float:

@@ -53,7 +53,8 @@ from _timing import Stopwatch, print_table, round_robin
 
 from workbench import Session, Trainer, TrainingArguments
 from workbench.data.builtin import load_builtin_data
-from workbench.train.callbacks import PrinterCallback, TrainerCallback
+from workbench.core.callbacks import TrainerCallback
+from workbench.train.callbacks import PrinterCallback
 from workbench.models import MLPClassifier
 
 CLIENT = str(Path(__file__).with_name("_control_client.py"))

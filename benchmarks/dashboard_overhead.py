@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from workbench import Session, TrainerCallback
-from workbench.session.state import ENDED
+from workbench.door.values import ENDED
 
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "tiny-gpt.toml"
 

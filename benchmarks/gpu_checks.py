@@ -36,7 +36,7 @@ the machine has, then ``python benchmarks/gpu_checks.py --device cuda``.
 On a CPU-only machine ``--device cpu`` runs what applies there (fp32 and bf16 autocast,
 CPU memory fields, the guard's device path forced on the CPU with the CPU proxy counter of
 host reads, checkpoints without pinned memory, 2 gloo ranks) and names the parts it SKIPs
-(fp16, pinned staging) in its lines, so ``tests/test_gpu_checks.py`` runs this script and
+(fp16, pinned staging) in its lines, so ``tests/distributed/test_gpu_checks.py`` runs this script and
 it cannot rot.
 
 Output: one line per check, then a summary line; exit code 1 if any check FAILed. With

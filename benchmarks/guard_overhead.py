@@ -16,7 +16,7 @@ measurable cost), device checks 0.925 (2873 µs); snapshot 0.98 ms vs synchronou
 snapshot 2.8 ms vs save 50.3 ms.
 
 Then, for rollback, the time training is blocked per in-memory snapshot (host copies of
-weights, optimizer, schedule and RNG: checkpoint/snapshots.py) side by side with a
+weights, optimizer, schedule and RNG: guard/ring.py) side by side with a
 synchronous checkpoint save (copies plus writing, hashing and publishing the files), on
 the same trained model.
 
@@ -55,7 +55,7 @@ GUARD_ON = Guard(nonfinite="skip", spike="skip")
 
 
 def trainer_run(work, steps: int, out: str, guard: Guard | None, on_host: bool = True):
-    from workbench.train import guard_checks
+    from workbench.guard import checks as guard_checks
 
     trainer, watch = _workbench_trainer(work, steps, out)
     trainer.guard = guard
@@ -72,7 +72,7 @@ def trainer_run(work, steps: int, out: str, guard: Guard | None, on_host: bool =
 def blocked_ms(work, out: str, repeats: int) -> dict[str, list[float]]:
     """Milliseconds one snapshot and one synchronous save block the loop, ``repeats`` each
     (alternating, after a short run so the optimizer state exists)."""
-    from workbench.checkpoint.snapshots import Snapshot
+    from workbench.guard.ring import RollbackPoint
     from workbench.checkpoint.trainer_state import save_checkpoint
 
     trainer, _ = _workbench_trainer(work, 5, out)
@@ -82,7 +82,7 @@ def blocked_ms(work, out: str, repeats: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {"in-memory snapshot": [], "synchronous save": []}
     for _ in range(repeats):
         start = time.perf_counter()
-        Snapshot.take(trainer, (0, 0), {})
+        RollbackPoint.take(trainer, {})
         times["in-memory snapshot"].append(1e3 * (time.perf_counter() - start))
         trainer.state.global_step += 1  # a new checkpoint name each time
         start = time.perf_counter()
@@ -138,7 +138,7 @@ def rank_main(opts: argparse.Namespace) -> None:
 def _without_agreement(enabled: bool):
     """For comparison only (unsafe: a bad step on one rank would split the replicas): the
     guard with its per-step all-reduce of the flags left out, to show that all-reduce's share."""
-    from workbench.train import guard_checks
+    from workbench.guard import checks as guard_checks
 
     agree = guard_checks.all_reduce_flags
     if enabled:

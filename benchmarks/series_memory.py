@@ -42,7 +42,7 @@ import torch
 from workbench import Session, Trainer, TrainingArguments
 from workbench.data.builtin import load_builtin_data
 from workbench.models import MLPClassifier
-from workbench.session.local import SessionCallback
+from workbench.session.local import SessionObserver
 
 
 def deep_size(root: object) -> int:
@@ -89,7 +89,7 @@ def main() -> None:
         trainer = Trainer(model=MLPClassifier(in_features=32, hidden=8, num_classes=4), args=args, train_dataset=train)
         session = Session(trainer, control=False)
         handler = trainer.callback_handler
-        handler.callbacks = [cb for cb in handler.callbacks if isinstance(cb, SessionCallback)]
+        handler.callbacks = [cb for cb in handler.callbacks if isinstance(cb, SessionObserver)]
         state = trainer.state
         state.max_steps = ns.steps
         handler.on_train_begin(args, state, trainer.control)

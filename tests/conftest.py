@@ -1,97 +1,52 @@
-"""Shared test helpers: training arguments for tiny runs, a stop-at-step callback, and one
-torch thread for every test (tiny models on a shared 2-core machine: intra-op threads only
-add contention).
+"""The suite's fixtures and rules; shared helpers are in the ``support`` package.
 
+Tests live in one folder per layer of ``workbench/`` (``tests/core`` ... ``tests/cli``, in the
+order ``test_layers.py`` checks), each file under 600 lines. A file whose name ends in
+``_e2e.py`` holds the slow end-to-end tests (real subprocesses, launchers, terminals, notebooks):
+every test in it is marked ``slow`` here, and no other file has slow tests.
 ``pytest -m "not slow"`` is the development loop; CI runs everything.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-from workbench import TrainerCallback, TrainingArguments
+from workbench.guard import checks as guard_checks
 
-__all__ = ["make_args", "StopAt", "hf_logs", "tiny_bert", "token_rows", "weights", "assert_bitwise"]
-
-
-def make_args(out: str | Path, **overrides: Any) -> TrainingArguments:
-    """Arguments for a quiet tiny run in ``out``: no progress printing, no trackers, no saves,
-    a log line every step; ``overrides`` replace any of them."""
-    options: dict[str, Any] = {"output_dir": str(out), "disable_tqdm": True, "report_to": "none",
-                               "save_strategy": "no", "logging_steps": 1}
-    options.update(overrides)
-    return TrainingArguments(**options)
+from support import stop_all
 
 
-def tiny_bert() -> torch.nn.Module:
-    """A small transformers BERT classifier (3 labels) built from a config, without dropout, so
-    transformers' Trainer and workbench's take bitwise the same steps on it (needs transformers)."""
-    import transformers
-
-    config = transformers.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=32, num_labels=3, hidden_dropout_prob=0.0,
-                                     attention_probs_dropout_prob=0.0)
-    torch.manual_seed(0)
-    return transformers.BertForSequenceClassification(config)
-
-
-def token_rows(n: int = 40, seed: int = 1) -> list[dict[str, torch.Tensor]]:
-    """``n`` rows of 8 random token ids (vocabulary 64) with labels 0, 1, 2 in turn."""
-    g = torch.Generator().manual_seed(seed)
-    return [{"input_ids": torch.randint(0, 64, (8,), generator=g), "labels": torch.tensor(i % 3)} for i in range(n)]
-
-
-@contextlib.contextmanager
-def hf_logs(caplog: pytest.LogCaptureFixture, name: str = "transformers",
-            level: int = logging.WARNING) -> Iterator[pytest.LogCaptureFixture]:
-    """Capture the ``name`` logger (a ``transformers.*`` one, where workbench gives the warnings
-    HF's Trainer gives) in ``caplog``. Once transformers is imported its library logger stops
-    propagating to the root, where caplog listens, so propagation is turned on meanwhile."""
-    library = logging.getLogger("transformers")
-    before = library.propagate
-    library.propagate = True
-    try:
-        with caplog.at_level(level, logger=name):
-            yield caplog
-    finally:
-        library.propagate = before
-
-
-class StopAt(TrainerCallback):
-    """Stop at the end of step ``n`` (an interruption at a step boundary), saving first unless
-    ``save`` is False."""
-
-    def __init__(self, n: int, save: bool = True) -> None:
-        self.n, self.save = n, save
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.n:
-            control.should_save = control.should_save or self.save
-            control.should_training_stop = True
-
-
-def weights(trainer: Any) -> dict[str, torch.Tensor]:
-    """A copy of the trainer's model weights, by name."""
-    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
-
-
-def assert_bitwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    """Two sets of weights (from :func:`weights`) are bitwise equal, name by name."""
-    assert a.keys() == b.keys()
-    for name in a:
-        assert torch.equal(a[name], b[name]), name
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test of a ``*_e2e.py`` file slow: the file's name says it, once."""
+    for item in items:
+        if Path(str(item.fspath)).stem.endswith("_e2e"):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _one_torch_thread():
+    """Tiny models on a shared 2-core machine: intra-op threads only add contention."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def sessions():
+    """Sessions a test made (append them): at the end each one still going, and each branch it
+    handed over to, is stopped without saving, waited for and closed."""
+    made: list = []
+    yield made
+    stop_all(made)
+
+
+@pytest.fixture(params=["host", "device"])
+def checks(request, monkeypatch) -> str:
+    """Where the guard judges steps: on the host (what a CPU run does) or with device ops (what
+    an accelerator run does; forced here on the CPU). A test taking it runs both ways."""
+    monkeypatch.setattr(guard_checks, "HOST_DECIDES_ON_CPU", request.param == "host")
+    return request.param

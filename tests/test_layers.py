@@ -1,13 +1,15 @@
-"""The import graph is a DAG with layers: engine <- core <- session <- front-ends and CLI.
+"""The layer contract: the packages of workbench form a stack, and every import points down.
 
 Read from every module's source with ``ast`` (nothing is imported), so the contract covers
-lazy imports inside functions and annotation-only imports (``if TYPE_CHECKING:``) too. Rules (DESIGN.md section 1):
+imports inside functions and annotation-only imports (``if TYPE_CHECKING:``) too. Rules
+(docs/architecture.md draws the picture):
 
-- no cycles, lazy imports included;
-- no module-level import of a higher layer (a lazy convenience such as ``Session.panel()``
-  may point up while it closes no cycle);
-- the core never imports a front-end library at module level, and importing any core
-  module really pulls in none (checked in fresh interpreters, for every core module).
+- the packages are layered in ``PACKAGES`` order, bottom first, and no import of any kind
+  goes from a package to one above it (package pairs, not only module cycles); a test plants
+  such an import and checks that it is caught;
+- no module cycles, annotation-only imports included;
+- nothing below the front-ends imports a front-end library at module level, and importing
+  any module below them really pulls in none (checked in fresh interpreters).
 """
 
 from __future__ import annotations
@@ -23,9 +25,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 FRONT_END_LIBRARIES = ("textual", "textual_plotext", "ipywidgets", "bqplot", "plotly", "plotext", "transformers")
-CORE_PACKAGES = ("train", "checkpoint", "data", "config", "distributed", "models")
-SESSION_PACKAGES = ("session", "control")
-LAYERS = ("core", "session", "front-end")
+# The layers, bottom first: a package may import its own modules and those of the packages
+# before it, never one after it. "top" is the package's facade (workbench/__init__.py) and the
+# other top-level modules.
+PACKAGES = ("core", "data", "models", "checkpoint", "distributed", "guard", "train", "config",
+            "door", "widgets", "control", "session", "cli", "top")
+# The front-ends' packages: below them, no front-end library is imported at module level.
+FRONT_ENDS = ("widgets", "cli", "top")
 
 
 def _modules() -> dict[str, Path]:
@@ -43,16 +49,12 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def layer(module: str) -> str | None:
-    """The layer a module belongs to (None for the package's lazy facade, ``workbench``)."""
+def package(module: str) -> str:
+    """The layer package a module belongs to (``top`` for the top-level modules)."""
     parts = module.split(".")
-    if module == "workbench":
-        return None
-    if parts[1] in ("widgets", "cli", "__main__"):
-        return "front-end"
-    if parts[1] in SESSION_PACKAGES:
-        return "session"
-    return "core"
+    if len(parts) > 2 or (len(parts) == 2 and MODULES[module].name == "__init__.py"):
+        return parts[1]
+    return "top"
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -71,7 +73,10 @@ def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
 
 def imports_of(module: str, path: Path) -> list[tuple[str, bool]]:
     """(imported workbench module, at module level?) for every import that can run."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return _imports_in(ast.parse(path.read_text(encoding="utf-8")), module, path)
+
+
+def _imports_in(tree: ast.AST, module: str, path: Path) -> list[tuple[str, bool]]:
     is_package = path.name == "__init__.py"
     out: list[tuple[str, bool]] = []
 
@@ -148,11 +153,38 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_every_layer_has_modules():
-    layers = {layer(m) for m in MODULES}
-    assert set(LAYERS) <= layers
-    assert "workbench.train.trainer" in MODULES and layer("workbench.train.trainer") == "core"
-    assert layer("workbench.session.local") == "session" and layer("workbench.widgets.tui.app") == "front-end"
+def upward_imports(imports: dict[str, list[tuple[str, bool]]]) -> list[str]:
+    """Every import from a package to one above it in PACKAGES, whatever its kind."""
+    found = []
+    for module, targets in imports.items():
+        own = PACKAGES.index(package(module))
+        for target, _ in targets:
+            if target in MODULES and PACKAGES.index(package(target)) > own:
+                found.append(f"{module} ({package(module)}) imports {target} ({package(target)})")
+    return found
+
+
+def test_every_package_is_a_layer():
+    assert {package(m) for m in MODULES} == set(PACKAGES)
+
+
+def test_no_import_points_up_a_layer():
+    imports = {module: imports_of(module, path) for module, path in MODULES.items()}
+    found = upward_imports(imports)
+    assert not found, "imports pointing up the layers (lazy and annotation-only ones count):\n" + "\n".join(found)
+
+
+def test_the_contract_catches_a_planted_upward_import():
+    """The check above is not vacuous: a core module importing the session layer, at module
+    level, in a function or only for annotations, is reported each time."""
+    source = ("from workbench.session.local import Session\n"
+              "def f():\n    import workbench.control.client\n"
+              "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from workbench.widgets.view import fmt_number\n")
+    planted = REPO / "workbench" / "core" / "state.py"
+    tree_imports = _imports_in(ast.parse(source), "workbench.core.state", planted)
+    found = upward_imports({"workbench.core.state": tree_imports})
+    assert [line.split(" imports ")[1] for line in found] == [
+        "workbench.session.local (session)", "workbench.control.client (control)", "workbench.widgets.view (widgets)"]
 
 
 def test_the_import_graph_has_no_cycles():
@@ -160,23 +192,10 @@ def test_the_import_graph_has_no_cycles():
     assert not cycles, "import cycles (lazy imports included):\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
-def test_no_module_level_import_points_up_a_layer():
-    upward = []
-    for module, path in MODULES.items():
-        own = layer(module)
-        if own is None:
-            continue
-        for target, top in imports_of(module, path):
-            if target in MODULES and top and layer(target) is not None \
-                    and LAYERS.index(layer(target)) > LAYERS.index(own):
-                upward.append(f"{module} ({own}) imports {target} ({layer(target)})")
-    assert not upward, "\n".join(upward)
-
-
-def test_core_has_no_module_level_front_end_import():
+def test_below_the_front_ends_no_module_level_front_end_import():
     found = []
     for module, path in MODULES.items():
-        if layer(module) != "core":
+        if package(module) in FRONT_ENDS:
             continue
         for target, top in imports_of(module, path):
             if top and target.split(".")[0] in FRONT_END_LIBRARIES:
@@ -219,7 +238,8 @@ for module in sys.argv[1:]:
 """
 
 # What really loads, for every module below the front-ends (the CLI's headless path too).
-PROBED = sorted(m for m in MODULES if layer(m) in ("core", "session") or m in ("workbench", "workbench.cli"))
+PROBED = sorted(m for m in MODULES if package(m) not in FRONT_ENDS
+                or m in ("workbench", "workbench.cli", "workbench.cli.train", "workbench.cli.hangup"))
 
 
 @pytest.fixture(scope="module")

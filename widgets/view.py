@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.session.state import ENDED, Status
-from workbench.session.state import is_timing_metric
+from workbench.door.values import ENDED, Status
+from workbench.door.values import is_timing_metric
 
 __all__ = [
     "TERMINAL",
@@ -247,7 +247,7 @@ class MemoryRow:
 
 
 def memory_rows(report: Any) -> list[MemoryRow]:
-    """Bars for a ``MemoryUsage`` (workbench.session.state).
+    """Bars for a ``MemoryUsage`` (workbench.door.values).
 
     The model's own tensors (parameters, gradients, optimizer state) are drawn against
     their sum, so their proportions show; device and host use are drawn against their

@@ -12,32 +12,32 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "TrainingArguments": "train.args",
+    "TrainingArguments": "core.args.training",
     "Trainer": "train.trainer",
-    "Guard": "train.guard",
-    "TrainerCallback": "train.callbacks",
-    "TrainerState": "train.callbacks",
-    "TrainerControl": "train.callbacks",
+    "Guard": "guard.settings",
+    "TrainerCallback": "core.callbacks",
+    "TrainerState": "core.state",
+    "TrainerControl": "core.state",
     "EarlyStoppingCallback": "train.callbacks",
     "PrinterCallback": "train.callbacks",
     "ProgressCallback": "train.callbacks",
-    "ExportableState": "train.callbacks",
+    "ExportableState": "core.state",
     "DEFAULT_CALLBACKS": "train.trainer",
     "DefaultFlowCallback": "train.callbacks",
-    "EvalPrediction": "train.trainer_utils",
-    "PredictionOutput": "train.trainer_utils",
-    "TrainOutput": "train.trainer_utils",
-    "set_seed": "train.trainer_utils",
+    "EvalPrediction": "core.trainer_utils",
+    "PredictionOutput": "core.trainer_utils",
+    "TrainOutput": "core.trainer_utils",
+    "set_seed": "core.trainer_utils",
     "default_data_collator": "data.collators",
     "CheckpointStore": "checkpoint.store",
     "load_config": "config.loader",
     "RunConfig": "config.loader",
     "build_trainer": "config.build",
     "Session": "session.local",
-    "SessionLike": "session.protocol",
-    "Status": "session.state",
-    "Snapshot": "session.state",
-    "SessionEvent": "session.state",
+    "SessionLike": "door.protocol",
+    "Status": "door.values",
+    "Snapshot": "door.values",
+    "SessionEvent": "door.values",
     "attach": "control.client",
     "RemoteSession": "control.client",
 }
@@ -53,9 +53,9 @@ def _train_with_control(trainer: Any, **train_kwargs: Any) -> Any:
 
 
 def _register_control_runner() -> None:
-    # The core offers a slot (workbench/serving.py) and never imports the session layer; this
+    # The Trainer calls a slot (workbench/core/serving.py) and never imports the session layer; this
     # package file runs before any workbench.* module is imported, so every Trainer sees it.
-    from workbench.serving import register_control_runner
+    from workbench.core.serving import register_control_runner
 
     register_control_runner(_train_with_control)
 

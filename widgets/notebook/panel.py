@@ -25,8 +25,8 @@ from typing import Any
 
 import ipywidgets as w
 
-from workbench.session.protocol import SessionLike, Status
-from workbench.session.state import is_timing_metric
+from workbench.door.protocol import SessionLike, Status
+from workbench.door.values import is_timing_metric
 from workbench.widgets.view import GUARD_COLORS, fmt_lr, fmt_number
 
 from .charts import LiveChart, Trace

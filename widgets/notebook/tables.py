@@ -14,8 +14,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from workbench.session.state import Status
-from workbench.session.state import is_timing_metric
+from workbench.door.values import Status
+from workbench.door.values import is_timing_metric
 from workbench.widgets.view import (
     TERMINAL,
     TRAIN_SERIES,

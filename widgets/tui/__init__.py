@@ -5,7 +5,7 @@ Importing this package imports Textual; the core (``workbench.*``) never does.
 
 from __future__ import annotations
 
-from workbench.session.protocol import ENDED, SessionLike, Status
+from workbench.door.protocol import ENDED, SessionLike, Status
 
 from .app import OUTCOMES, DashboardApp
 

@@ -1,6 +1,6 @@
 """The dashboard app: a thin view over a session (``SessionLike``) that also steers it.
 
-Threading (DESIGN.md section 4):
+Threading (docs/architecture.md, section 5):
 
 - the training thread never calls into the app; the app *polls* ``session.snapshot()`` (an
   immutable object swapped atomically) with ``set_interval`` at 4 Hz (3 Hz attached);
@@ -27,7 +27,7 @@ from typing import Any
 from textual.app import App
 from textual.binding import Binding
 
-from workbench.session.protocol import CheckpointRow, SessionLike, Snapshot, Status
+from workbench.door.protocol import CheckpointRow, SessionLike, Snapshot, Status
 from workbench.widgets.view import TERMINAL, fmt_lr, fmt_number
 
 from .bridge import EventBridge, LogForwarder
@@ -48,7 +48,7 @@ __all__ = ["DashboardApp", "OUTCOMES"]
 POLL_LOCAL = 0.25
 POLL_ATTACHED = 1 / 3
 
-# What the app returns from run(); the CLI turns each into an exit code (workbench/exit_codes.py).
+# What the app returns from run(); the CLI turns each into an exit code (workbench/core/exit_codes.py).
 OUTCOMES = (
     "finished",     # the run ended on its own (or had ended when the user quit)
     "saved",        # quit dialog: stop and save (q then Enter)

@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any
 
-from workbench.session.protocol import SessionLike
+from workbench.door.protocol import SessionLike
 
 from .messages import LogRecordArrived, SessionEventsArrived
 

@@ -12,7 +12,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from workbench.session.protocol import ENDED, CheckpointRow, Status
+from workbench.door.protocol import ENDED, CheckpointRow, Status
 from workbench.widgets.view import fmt_age, fmt_bytes, fmt_number
 
 from .details import checkpoint_details, key_metrics

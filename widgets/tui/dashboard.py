@@ -20,7 +20,7 @@ from textual.widgets import Footer
 from workbench.widgets.view import GUARD_COLORS, TERMINAL, describe_event, describe_intervention
 
 from .charts import LossChart, RateChart
-from .panels import EventLog, GuardTable, MemoryPanel, MetricsTable, Parts, ProgressPanel, RunHeader, SummaryPanel
+from .panels import EventPanel, GuardTable, MemoryPanel, MetricsTable, Parts, ProgressPanel, RunHeader, SummaryPanel
 
 __all__ = ["DashboardScreen"]
 
@@ -79,7 +79,7 @@ class DashboardScreen(Parts, Screen):
         with Horizontal(id="panels"):
             yield MetricsTable(id="metrics")
             yield MemoryPanel(id="memory")
-            yield EventLog(id="events", max_lines=1000, wrap=True, markup=False, min_width=10)
+            yield EventPanel(id="events", max_lines=1000, wrap=True, markup=False, min_width=10)
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -190,7 +190,7 @@ class DashboardScreen(Parts, Screen):
 
     def log_line(self, level: str, text: str) -> None:
         """Add one line to the event log (kept until the log exists: events can come first)."""
-        logs = self.query(EventLog)
+        logs = self.query(EventPanel)
         if not logs:
             self._backlog.append((level, text))
             return

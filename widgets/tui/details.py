@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from workbench.session.state import edit_changes, is_timing_metric
+from workbench.door.values import edit_changes, is_timing_metric
 from workbench.widgets.view import fmt_bytes, fmt_number
 
 __all__ = ["checkpoint_details", "config_differences", "key_metrics"]

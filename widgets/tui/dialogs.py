@@ -20,7 +20,7 @@ _MOVE = [
 class QuitDialog(ModalScreen[str]):
     """Ask how to leave a running run. Dismisses with "save", "discard", "detach" or "cancel".
 
-    "Stop and save" has the focus, so q then Enter always keeps the work (DESIGN.md);
+    "Stop and save" has the focus, so q then Enter always keeps the work;
     Escape cancels. On an attached run (``attached``) "Detach" comes first and has the
     focus: q then Enter leaves the run going, and stopping it is an explicit choice.
     """

@@ -16,7 +16,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from workbench.session.protocol import CheckpointRow, SessionLike, Snapshot
+from workbench.door.protocol import CheckpointRow, SessionLike, Snapshot
 from workbench.widgets.view import fmt_lr
 
 __all__ = ["EditForm", "BranchForm", "EDIT_FIELDS"]

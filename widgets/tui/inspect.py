@@ -19,7 +19,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 from textual.worker import Worker, WorkerState
 
-from workbench.session.protocol import MemoryUsage, Status
+from workbench.door.protocol import MemoryUsage, Status
 from workbench.widgets.view import fmt_bytes, fmt_lr, fmt_number
 
 __all__ = ["InspectScreen", "inspect_summary", "memory_line"]

@@ -11,7 +11,7 @@ from typing import Any
 
 from textual.message import Message
 
-from workbench.session.protocol import SessionEvent, SessionLike
+from workbench.door.protocol import SessionEvent, SessionLike
 
 __all__ = ["SessionEventsArrived", "CommandFinished", "RunReplaced", "LogRecordArrived"]
 

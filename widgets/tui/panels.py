@@ -12,7 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
 from textual.widgets import RichLog, Static
 
-from workbench.session.state import Status
+from workbench.door.values import Status
 from workbench.widgets.view import (
     MemoryRow,
     MetricRow,
@@ -28,7 +28,7 @@ from workbench.widgets.view import (
     summary_lines,
 )
 
-__all__ = ["Parts", "RunHeader", "ProgressPanel", "MetricsTable", "MemoryPanel", "EventLog", "SummaryPanel", "GuardTable"]
+__all__ = ["Parts", "RunHeader", "ProgressPanel", "MetricsTable", "MemoryPanel", "EventPanel", "SummaryPanel", "GuardTable"]
 
 STATUSES = tuple(Status)  # one CSS class per status: .status-idle, .status-running, ...
 
@@ -258,7 +258,7 @@ class MemoryPanel(Widget):
         return out
 
 
-class EventLog(RichLog):
+class EventPanel(RichLog):
     """Evaluations, saves, pauses, edits, warnings and errors, newest at the bottom."""
 
     STYLES = {"info": "", "good": "green", "warn": "yellow", "error": "bold red"}

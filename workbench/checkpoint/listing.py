@@ -13,7 +13,7 @@ from typing import Any
 
 from workbench.checkpoint.storage_errors import human_size
 from workbench.checkpoint.store import CheckpointStore
-from workbench.records import CheckpointRow, is_timing_metric
+from workbench.core.records import CheckpointRow, is_timing_metric
 
 __all__ = ["verified_rows", "row_state", "table_lines", "json_rows", "reseal_lines"]
 

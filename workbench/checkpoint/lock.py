@@ -13,6 +13,8 @@ Trainer training into the same folder at the same time is refused like another p
 
 from __future__ import annotations
 
+from workbench.core.names import LOCK_NAME
+
 import errno
 import json
 import logging
@@ -30,7 +32,6 @@ __all__ = ["LOCK_NAME", "OWNER_ENV", "OutputDirBusy", "OutputDirLock", "hold_out
 
 log = logging.getLogger("workbench")
 
-LOCK_NAME = ".lock"
 OWNER_ENV = "WORKBENCH_LOCK_OWNER"
 
 _HELD: dict[str, "OutputDirLock"] = {}  # re-entrant locks of this process, by folder

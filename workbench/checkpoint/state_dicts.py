@@ -14,20 +14,20 @@ from typing import Any
 
 import torch
 
-from workbench.train.trainer_utils import unwrap_model
+from workbench.core.run import Run
+from workbench.core.trainer_utils import unwrap_model
 
 
 __all__ = ["host_copy", "unique_state", "capture_model_state", "capture_optimizer_state",
            "load_model_state", "load_optimizer_state", "is_fsdp"]
 
-Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 
-def is_fsdp(trainer: "Trainer") -> bool:
+def is_fsdp(run: Run) -> bool:
     """Whether the model is sharded by FSDP (its state must be gathered and scattered)."""
     from accelerate.utils import DistributedType
 
-    return trainer.accelerator.distributed_type == DistributedType.FSDP
+    return run.accelerator.distributed_type == DistributedType.FSDP
 
 
 def host_copy(obj: Any) -> Any:
@@ -66,38 +66,38 @@ def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     return getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper holds the real one
 
 
-def capture_model_state(trainer: "Trainer") -> dict[str, torch.Tensor] | None:
+def capture_model_state(run: Run) -> dict[str, torch.Tensor] | None:
     """Host copies of the full weights on rank 0 (None on other ranks); collective under FSDP."""
-    if is_fsdp(trainer):
+    if is_fsdp(run):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        state = get_model_state_dict(trainer.model_wrapped, options=_options(cpu_offload=True))
-        return state if trainer.accelerator.is_main_process else None
-    if not trainer.accelerator.is_main_process:
+        state = get_model_state_dict(run.model_wrapped, options=_options(cpu_offload=True))
+        return state if run.accelerator.is_main_process else None
+    if not run.accelerator.is_main_process:
         return None
-    return unique_state(unwrap_model(trainer.model), copy=True)
+    return unique_state(unwrap_model(run.model), copy=True)
 
 
-def capture_optimizer_state(trainer: "Trainer") -> dict[str, Any] | None:
+def capture_optimizer_state(run: Run) -> dict[str, Any] | None:
     """A host copy of the optimizer state on rank 0 (None elsewhere); collective under FSDP."""
-    optimizer = _torch_optimizer(trainer.optimizer)
-    if is_fsdp(trainer):
+    optimizer = _torch_optimizer(run.optimizer)
+    if is_fsdp(run):
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        state = get_optimizer_state_dict(trainer.model_wrapped, optimizer, options=_options(cpu_offload=True))
-        return state if trainer.accelerator.is_main_process else None
-    if not trainer.accelerator.is_main_process:
+        state = get_optimizer_state_dict(run.model_wrapped, optimizer, options=_options(cpu_offload=True))
+        return state if run.accelerator.is_main_process else None
+    if not run.accelerator.is_main_process:
         return None
     return host_copy(optimizer.state_dict())
 
 
-def load_model_state(trainer: "Trainer", state: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
+def load_model_state(run: Run, state: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
     """Load full weights (every rank passes them); returns (missing, unexpected) names."""
-    model = unwrap_model(trainer.model)
-    if is_fsdp(trainer):
+    model = unwrap_model(run.model)
+    if is_fsdp(run):
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-        result = set_model_state_dict(trainer.model_wrapped, state, options=_options(strict=False))
+        result = set_model_state_dict(run.model_wrapped, state, options=_options(strict=False))
         return list(result.missing_keys), list(result.unexpected_keys)
     missing, unexpected = model.load_state_dict(state, strict=False)
     return list(missing), list(unexpected)
@@ -107,24 +107,24 @@ def _keyed_by_name(state: dict[str, Any]) -> bool:
     return any(isinstance(p, str) for group in state.get("param_groups", []) for p in group.get("params", []))
 
 
-def load_optimizer_state(trainer: "Trainer", state: dict[str, Any]) -> None:
+def load_optimizer_state(run: Run, state: dict[str, Any]) -> None:
     """Load optimizer state saved by any run: index-keyed (torch) or name-keyed (FSDP)."""
-    optimizer = _torch_optimizer(trainer.optimizer)
+    optimizer = _torch_optimizer(run.optimizer)
     state = regroup(state, optimizer.param_groups)
-    if not is_fsdp(trainer) and not _keyed_by_name(state):
+    if not is_fsdp(run) and not _keyed_by_name(state):
         optimizer.load_state_dict(state)
         return
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     if not _keyed_by_name(state):
-        state = _index_to_names(trainer, optimizer, state)
-    set_optimizer_state_dict(trainer.model_wrapped if is_fsdp(trainer) else unwrap_model(trainer.model),
+        state = _index_to_names(run, optimizer, state)
+    set_optimizer_state_dict(run.model_wrapped if is_fsdp(run) else unwrap_model(run.model),
                              optimizer, state, options=_options())
 
 
-def _index_to_names(trainer: "Trainer", optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+def _index_to_names(run: Run, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
     """torch's index-keyed optimizer state -> parameter-name keys, by this optimizer's order."""
-    names = {id(p): n for n, p in unwrap_model(trainer.model).named_parameters()}
+    names = {id(p): n for n, p in unwrap_model(run.model).named_parameters()}
     order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
     return {
         "state": {order[i]: v for i, v in state["state"].items()},
@@ -136,7 +136,7 @@ def regroup(state: dict[str, Any], current: list[dict[str, Any]]) -> dict[str, A
     """Optimizer state re-cut into the ``current`` optimizer's groups (same parameter order).
 
     Runs with and without weight decay group the same parameters as two groups or one
-    (optim.parameter_groups); a checkpoint of either layout resumes in the other. Each new
+    (models/param_groups.py); a checkpoint of either layout resumes in the other. Each new
     group keeps the hyperparameters of the saved group its first parameter came from,
     except weight_decay, which the optimizer being loaded into decides.
     """

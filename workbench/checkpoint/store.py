@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 
-from workbench.records import ROW_EDITS, CheckpointRow
-from workbench.train.run_state import WORKBENCH_STATE_NAME
-from workbench.train.trainer_utils import PREFIX_CHECKPOINT_DIR
+from workbench.core.names import MANIFEST, PREFIX_CHECKPOINT_DIR, SENTINEL, WEIGHTS, WEIGHTS_INDEX, WORKBENCH_STATE_NAME
+from workbench.core.records import ROW_EDITS, CheckpointRow
 
 if TYPE_CHECKING:
     pass
@@ -33,10 +32,6 @@ log = logging.getLogger("workbench")
 
 __all__ = ["CheckpointStore", "MANIFEST", "SENTINEL", "WEIGHTS", "WEIGHTS_INDEX", "refused_text"]
 
-MANIFEST = "manifest.json"
-SENTINEL = "checkpoint-is-incomplete.txt"
-WEIGHTS = "model.safetensors"
-WEIGHTS_INDEX = "model.safetensors.index.json"
 _NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
 
@@ -321,7 +316,7 @@ class CheckpointStore:
             return False, f"trainer_state.json is unreadable ({exc})"
         if (path / "optimizer.pt").is_file() != (path / "scheduler.pt").is_file():
             return False, "it has one of optimizer.pt / scheduler.pt without the other"
-        from workbench.train.rng import numpy_safe_globals
+        from workbench.core.rng import numpy_safe_globals
         import torch
 
         for name in sorted(p.name for p in path.iterdir() if p.suffix in (".pt", ".pth")):

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from workbench.core.run import Run
 from workbench.checkpoint.state_dicts import (
     capture_model_state,
     capture_optimizer_state,
@@ -25,9 +26,9 @@ from workbench.checkpoint.state_dicts import (
     unique_state,
 )
 from workbench.checkpoint.store import WEIGHTS, WEIGHTS_INDEX, CheckpointStore
-from workbench.train.run_state import WORKBENCH_STATE_NAME
-from workbench.train.rng import PENDING_KEY, capture_rng, numpy_safe_globals, restore_rng
-from workbench.train.trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_model
+from workbench.core.state import WORKBENCH_STATE_NAME
+from workbench.core.rng import PENDING_KEY, capture_rng, numpy_safe_globals, restore_rng
+from workbench.core.trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_model
 
 
 log = logging.getLogger("transformers.trainer")  # HF's Trainer gives these warnings there too
@@ -46,7 +47,6 @@ __all__ = [
     "weights_misfit",
 ]
 
-Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 
 def save_model_files(model: torch.nn.Module, directory: Path, processing_class: Any = None,
@@ -111,32 +111,32 @@ class CheckpointContents:
     arguments: Any  # the TrainingArguments object, pickled into training_args.bin as HF does
 
     @classmethod
-    def capture(cls, trainer: "Trainer", with_model: bool = True) -> "CheckpointContents":
+    def capture(cls, run: Run, with_model: bool = True) -> "CheckpointContents":
         """Copy the run's state to host memory (a collective under FSDP: every rank calls it).
 
         ``with_model=False`` leaves the weights (and processing class) out, for a checkpoint
         whose model files the Trainer's own ``save_model`` writes.
         """
-        args, acc = trainer.args, trainer.accelerator
+        args, acc = run.args, run.accelerator
         main = acc.is_main_process
-        weights = capture_model_state(trainer) if with_model else None
+        weights = capture_model_state(run) if with_model else None
         full = not args.save_only_model
-        optimizer = capture_optimizer_state(trainer) if full else None
-        scheduler = host_copy(trainer.lr_scheduler.state_dict()) if full and main else None
+        optimizer = capture_optimizer_state(run) if full else None
+        scheduler = host_copy(run.lr_scheduler.state_dict()) if full and main else None
         if optimizer is not None and scheduler is not None:
-            optimizer, scheduler = _hf_group_layout(trainer, optimizer, scheduler)
+            optimizer, scheduler = _hf_group_layout(run, optimizer, scheduler)
         scaler = getattr(acc, "scaler", None)
         return cls(
-            step=trainer.state.global_step,
-            model=unwrap_model(trainer.model) if with_model else None,
-            processing_class=trainer.processing_class,
+            step=run.state.global_step,
+            model=unwrap_model(run.model) if with_model else None,
+            processing_class=run.processing_class,
             weights=weights,
             optimizer=optimizer,
             scheduler=scheduler,
             scaler=host_copy(scaler.state_dict()) if full and main and scaler is not None else None,
-            rng=run_rng(trainer) if full and acc.num_processes == 1 else None,
-            trainer_state=trainer.state.to_json_string(),
-            workbench_state=trainer.workbench_state.to_json_string(),
+            rng=run_rng(run) if full and acc.num_processes == 1 else None,
+            trainer_state=run.state.to_json_string(),
+            workbench_state=run.workbench_state.to_json_string(),
             training_args=args.to_json_string() + "\n",
             arguments=copy.copy(args),
         )
@@ -170,21 +170,21 @@ class CheckpointContents:
         (directory / "training_args.json").write_text(self.training_args, encoding="utf-8")
 
 
-def _hf_group_layout(trainer: "Trainer", optimizer: dict[str, Any],
+def _hf_group_layout(run: Run, optimizer: dict[str, Any],
                      scheduler: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Optimizer and schedule states in transformers' two-group layout (decay, then no decay).
 
-    Without weight decay the Trainer trains one group (optim.parameter_groups says why); the
+    Without weight decay the Trainer trains one group (models/param_groups.py says why); the
     parameters are in the same order, so the saved state is cut in two where HF's groups
     part, and transformers' Trainer can resume from it. workbench loads either layout.
     """
     from workbench.checkpoint.state_dicts import is_fsdp
-    from workbench.train.optim import decay_parameter_names
+    from workbench.models.param_groups import decay_parameter_names
 
-    live = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
-    if is_fsdp(trainer) or len(live.param_groups) != 1 or len(optimizer.get("param_groups", [])) != 1:
+    live = getattr(run.optimizer, "optimizer", run.optimizer)
+    if is_fsdp(run) or len(live.param_groups) != 1 or len(optimizer.get("param_groups", [])) != 1:
         return optimizer, scheduler
-    model = unwrap_model(trainer.model)
+    model = unwrap_model(run.model)
     decay = decay_parameter_names(model)
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     order = [p for name, p in named if name in decay] + [p for name, p in named if name not in decay]
@@ -197,7 +197,7 @@ def _hf_group_layout(trainer: "Trainer", optimizer: dict[str, Any],
     return {**optimizer, "param_groups": groups}, _fit_groups(scheduler, 2)
 
 
-def model_saved_by_override(trainer: "Trainer") -> bool:
+def model_saved_by_override(run: Run) -> bool:
     """Whether the Trainer's class overrides ``save_model`` (checked at each save, not per step).
 
     The rule for a checkpoint's model files, as HF's ``_save_checkpoint`` (which calls
@@ -209,36 +209,35 @@ def model_saved_by_override(trainer: "Trainer") -> bool:
     """
     # The class that defines save_model, found without importing the Trainer (the store
     # sits below it in the import graph).
-    owner = next((c for c in type(trainer).__mro__ if "save_model" in vars(c)), None)
+    owner = next((c for c in type(run).__mro__ if "save_model" in vars(c)), None)
     return owner is not None and owner.__module__ != "workbench.train.trainer"
 
 
-def save_checkpoint(trainer: "Trainer") -> Path | None:
-    """Write ``checkpoint-<global_step>`` for the trainer's current state, then rotate.
+def save_checkpoint(run: Run) -> Path | None:
+    """Write ``checkpoint-<global_step>`` for the run's current state, then rotate.
 
     The model files come from an overriding ``Trainer.save_model`` if there is one
     (``model_saved_by_override`` gives the rule); ``training_args.json`` and the rest are
     always written here, so a resume can compare arguments whatever the override wrote.
     """
-    args, state, acc = trainer.args, trainer.state, trainer.accelerator
+    args, state, acc = run.args, run.state, run.accelerator
     step = state.global_step
-    run_dir = trainer._get_output_dir(trial=None)  # HF's override point for where checkpoints go
+    run_dir = run._get_output_dir(trial=None)  # HF's override point for where checkpoints go
     store = CheckpointStore(run_dir)
     name = f"{PREFIX_CHECKPOINT_DIR}-{step}"
     if state.best_global_step == step:
         state.best_model_checkpoint = str(Path(run_dir) / name)
-    trainer.store_flos()  # as HF: the work so far is in the checkpoint's total_flos
-    state.stateful_callbacks = trainer.callback_handler.export_states(trainer.control)
-    loop = trainer._training_loop
-    trainer.workbench_state.loss_window = loop.export_window() if loop is not None else None
-    if loop is not None and loop.guard is not None:
-        loop.collect_guard()  # interventions up to this step belong to this checkpoint
-        loop.snapshot_for_save()  # a rollback can go back to what this checkpoint holds
-    custom_model_save = model_saved_by_override(trainer)
-    contents = CheckpointContents.capture(trainer, with_model=not custom_model_save)
+    run.store_flos()  # as HF: the work so far is in the checkpoint's total_flos
+    state.stateful_callbacks = run.callback_handler.export_states(run.control)
+    if run.loop is not None:  # a save at a boundary of a train() under way
+        run.loop.prepare_save()  # the unlogged loss, the guard's records, the position
+    else:
+        run.workbench_state.loss_window = None
+    custom_model_save = model_saved_by_override(run)
+    contents = CheckpointContents.capture(run, with_model=not custom_model_save)
 
     keep = {Path(state.best_model_checkpoint).name} if state.best_model_checkpoint else set()
-    writer = trainer.checkpoint_writer
+    writer = run.checkpoint_writer
 
     size = contents.nbytes()  # what a failure for want of space reports
 
@@ -259,9 +258,9 @@ def save_checkpoint(trainer: "Trainer") -> Path | None:
             tmp = store.begin(step, size)
         acc.wait_for_everyone()
         if custom_model_save:
-            trainer.save_model(str(store.temporary(step)), _internal_call=True)
+            run.save_model(str(store.temporary(step)), _internal_call=True)
         if acc.num_processes > 1 and not args.save_only_model:
-            torch.save(run_rng(trainer, all_devices=True), store.temporary(step) / f"rng_state_{acc.process_index}.pth")
+            torch.save(run_rng(run, all_devices=True), store.temporary(step) / f"rng_state_{acc.process_index}.pth")
         acc.wait_for_everyone()
     if acc.is_main_process:
         if args.save_async:
@@ -359,9 +358,9 @@ def load_model_files(model: torch.nn.Module, checkpoint: Path) -> None:
     _check_fit(model, checkpoint, list(missing), list(unexpected))
 
 
-def _load_weights(trainer: "Trainer", checkpoint: Path) -> None:
-    model = unwrap_model(trainer.model)
-    missing, unexpected = load_model_state(trainer, _read_weights(model, checkpoint))
+def _load_weights(run: Run, checkpoint: Path) -> None:
+    model = unwrap_model(run.model)
+    missing, unexpected = load_model_state(run, _read_weights(model, checkpoint))
     _check_fit(model, checkpoint, missing, unexpected)
 
 
@@ -376,44 +375,43 @@ def _fit_groups(scheduler_state: dict[str, Any], groups: int) -> dict[str, Any]:
     return out
 
 
-def run_rng(trainer: "Trainer", all_devices: bool = False) -> dict[str, Any]:
+def run_rng(run: Run, all_devices: bool = False) -> dict[str, Any]:
     """The RNG states for a checkpoint (rng.capture_rng), with the streams of the batches the
     training loop has collated but not trained yet (rng.CollationRng)."""
     state = capture_rng(all_devices)
-    loop = getattr(trainer, "_training_loop", None)
-    pending = loop.pending_batches() if loop is not None else []
+    pending = run.loop.pending_batches() if run.loop is not None else []
     if pending:
         state[PENDING_KEY] = pending
     return state
 
 
-def load_training_state(trainer: "Trainer", checkpoint: Path) -> list[dict[str, Any]]:
+def load_training_state(run: Run, checkpoint: Path) -> list[dict[str, Any]]:
     """Restore weights, optimizer, schedule, RNG, TrainerState (and callbacks), and workbench's
-    own state (``trainer.workbench_state``) from ``checkpoint``.
+    own state (``run.workbench_state``) from ``checkpoint``.
 
     Returns the random streams of the batches the saving run had collated but not trained, for
     the loop to collate them again from (rng.CollationRng.replay); empty when there are none.
     """
-    from workbench.train.run_state import TrainerState, WorkbenchState
+    from workbench.core.state import TrainerState, WorkbenchState
 
-    acc = trainer.accelerator
-    _load_weights(trainer, checkpoint)
+    acc = run.accelerator
+    _load_weights(run, checkpoint)
     if (checkpoint / "optimizer.pt").is_file():
-        load_optimizer_state(trainer, _load(checkpoint / "optimizer.pt"))
-        trainer.lr_scheduler.load_state_dict(_fit_groups(_load(checkpoint / "scheduler.pt"),
-                                                         len(trainer.optimizer.param_groups)))
+        load_optimizer_state(run, _load(checkpoint / "optimizer.pt"))
+        run.lr_scheduler.load_state_dict(_fit_groups(_load(checkpoint / "scheduler.pt"),
+                                                         len(run.optimizer.param_groups)))
         if (checkpoint / "scaler.pt").is_file() and getattr(acc, "scaler", None) is not None:
             acc.scaler.load_state_dict(_load(checkpoint / "scaler.pt"))
     loaded = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
-    loaded.is_local_process_zero = trainer.state.is_local_process_zero
-    loaded.is_world_process_zero = trainer.state.is_world_process_zero
-    trainer.state = loaded
-    trainer.workbench_state = WorkbenchState.load(checkpoint)
-    if trainer.args.restore_callback_states_from_checkpoint:
-        trainer.control = trainer.callback_handler.restore_states(loaded.stateful_callbacks, trainer.control)
+    loaded.is_local_process_zero = run.state.is_local_process_zero
+    loaded.is_world_process_zero = run.state.is_world_process_zero
+    run.state = loaded
+    run.workbench_state = WorkbenchState.load(checkpoint)
+    if run.args.restore_callback_states_from_checkpoint:
+        run.control = run.callback_handler.restore_states(loaded.stateful_callbacks, run.control)
         # The saving run's stop flag was why it stopped: a resumed run would otherwise end
         # after one step (HF restores it as is; no one wants that).
-        trainer.control._new_training()
+        run.control._new_training()
     rng = rng_state_file(checkpoint, acc.process_index, acc.num_processes)
     if rng is None:
         return []
@@ -442,11 +440,11 @@ def rng_state_file(checkpoint: Path, rank: int, num_processes: int) -> Path | No
     return None
 
 
-def load_best_model(trainer: "Trainer") -> None:
+def load_best_model(run: Run) -> None:
     """Load the weights of ``state.best_model_checkpoint`` into the model (load_best_model_at_end)."""
-    path = Path(trainer.state.best_model_checkpoint)
+    path = Path(run.state.best_model_checkpoint)
     if not path.is_dir():
         log.warning("Could not locate the best model at %s: keeping the final weights (with several nodes, "
                     "set save_on_each_node)", path)
         return
-    _load_weights(trainer, path)
+    _load_weights(run, path)

@@ -83,7 +83,7 @@ def _default_collator(run: RunConfig, model: Any, tokenizer: Any) -> Any:
     if run.data.text_column is None or tokenizer is None or model is None:
         return None
     import workbench.data.collators as collators
-    import workbench.train.losses as losses
+    import workbench.models.losses as losses
 
     kind = losses.model_kind(model)
     if kind == "ForCausalLM":
@@ -104,7 +104,7 @@ def build_trainer(run: RunConfig, callbacks: list[Any] | None = None, *, progres
     ``progress`` shows datasets' progress bars while loading and tokenizing (headless CLI).
     """
     from workbench.train.trainer import Trainer
-    from workbench.train.trainer_utils import set_seed
+    from workbench.core.trainer_utils import set_seed
 
     set_seed(run.training.seed)  # model init is part of what the seed reproduces
     hooks = dict(run.hooks)

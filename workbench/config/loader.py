@@ -1,12 +1,12 @@
 """TOML config files -> :class:`RunConfig`, validated before any work starts.
 
 A run is described by one TOML file (``run_name``, ``[model]``, ``[data]``, ``[training]``,
-``[hooks]``; see DESIGN.md section 3). Everything a user can get wrong in it -- unknown keys,
+``[hooks]``; the README's "Config files and the CLI"). Everything a user can get wrong in it -- unknown keys,
 wrong types, impossible argument combinations, references that do not import -- is found
 here, before a model is built or a file is read, and reported as one :class:`ConfigError`
 line that names the file, the line and the key: ``x.toml:7: training.learnig_rate: unknown
 key (did you mean learning_rate?)``. References and relative paths resolve against the
-config file's folder first (DESIGN.md section 6), and :func:`dump_config` records the
+config file's folder first (then the working directory), and :func:`dump_config` records the
 resolved, absolute form so ``output_dir/config.toml`` reproduces the run from anywhere.
 """
 
@@ -31,10 +31,12 @@ from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
+from workbench.config.errors import ConfigError, Key
+from workbench.config.overrides import apply_overrides, parse_override, parse_overrides  # noqa: F401 - part of this module's API
 from workbench.config.refs import RefError, resolve_ref
 from workbench.config.toml_lines import decode_error, describe_type, find_lines, kind_of, line_of, toml_repr, tomlable
-from workbench.train.args import ArgumentError, TrainingArguments
-from workbench.train.guard import GUARD_FIELDS, Guard
+from workbench.core.args.training import ArgumentError, TrainingArguments
+from workbench.guard.settings import GUARD_FIELDS, Guard
 
 __all__ = [
     "ConfigError", "DataSpec", "ModelSpec", "RunConfig", "config_from_dict", "dump_config",
@@ -56,28 +58,6 @@ _MODEL_KINDS = ("builtin", "factory", "pretrained")
 _TRAINING_ALIASES = {"lr": "learning_rate", "epochs": "num_train_epochs", "bs": "per_device_train_batch_size",
                      "batch_size": "per_device_train_batch_size", "train_batch_size": "per_device_train_batch_size",
                      "eval_batch_size": "per_device_eval_batch_size"}
-Key = tuple[str, ...]
-
-
-class ConfigError(ValueError):
-    """A problem in a config file or an override, located as precisely as possible.
-
-    ``str(err)`` is the single line a user sees (no traceback): ``CONFIG:LINE: key: message``,
-    with LINE left out when unknown and ``--set KEY=VALUE`` as the location of override errors.
-    """
-
-    def __init__(self, message: str, *, path: str | None = None, line: int | None = None,
-                 key: str | None = None) -> None:
-        self.path, self.line, self.key, self.message = path, line, key, message
-        super().__init__(str(self))
-
-    def __str__(self) -> str:
-        where = self.path or ""
-        if where and self.line is not None:
-            where += f":{self.line}"
-        return ": ".join(part for part in (where, self.key, self.message) if part)
-
-
 @dataclass(frozen=True)
 class ModelSpec:
     """Which model to build: exactly one of ``builtin`` / ``factory`` / ``pretrained``.
@@ -163,7 +143,7 @@ def load_config(path: str | Path, overrides: Sequence[str] | Mapping[str, Any] |
     except tomllib.TOMLDecodeError as exc:
         message, line = decode_error(exc)
         raise ConfigError(f"invalid TOML: {message}", path=source, line=line) from None
-    data, origins = _apply_overrides(data, overrides)
+    data, origins = apply_overrides(data, overrides)
     config = _Loader(source, file.absolute().parent, find_lines(text), origins, args_cls).build(data)
     config.path = file.absolute()
     return config
@@ -176,47 +156,6 @@ def config_from_dict(data: Mapping[str, Any], *, base_dir: str | Path, source: s
     Errors carry ``source`` as their location (no line numbers: there is no text).
     """
     return _Loader(source, Path(base_dir).absolute(), {}, {}, args_cls).build(copy.deepcopy(dict(data)))
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """Split ``"training.learning_rate=1e-4"`` into the dotted key and its value.
-
-    The value is read as a TOML value (numbers, booleans, arrays, quoted strings); text that
-    is not valid TOML is taken as a plain string, so ``run_name=my-run`` needs no quotes.
-    """
-    key, sep, value_text = text.partition("=")
-    key, value_text = key.strip(), value_text.strip()
-    if not sep or not key:
-        raise ConfigError("expected KEY=VALUE (e.g. training.learning_rate=1e-4)", path=f"--set {text}")
-    try:
-        parsed = tomllib.loads(f"v = {value_text}")
-        value = parsed["v"] if len(parsed) == 1 else value_text
-    except tomllib.TOMLDecodeError:
-        value = value_text
-    return key, value
-
-
-def parse_overrides(text: str | Mapping[str, str]) -> dict[str, Any]:
-    """Typed-in overrides of one run's TrainingArguments (a branch) as a dict.
-
-    ``text`` is ``"warmup_steps=10, training.lr_scheduler_type=linear"`` (comma- or
-    line-separated KEY=VALUE pairs), or a mapping of key to the text of one value (form
-    fields; empty ones are left out). Each value is read as :func:`parse_override` reads
-    it (TOML, else plain text); a leading ``training.`` is dropped. Check the result with
-    :func:`check_training_overrides`. Raises ConfigError on a pair without ``=``.
-    """
-    if isinstance(text, Mapping):
-        pairs = [(str(key), str(value).strip()) for key, value in text.items() if str(value).strip()]
-        parsed = [(key, parse_override(f"{key}={value}")[1]) for key, value in pairs]
-    else:
-        parsed = []
-        for part in (p.strip() for p in text.replace("\n", ",").split(",")):
-            if not part:
-                continue
-            if "=" not in part:
-                raise ConfigError(f"{part!r}: expected key=value (e.g. warmup_steps=10)")
-            parsed.append(parse_override(part))
-    return {key.strip().removeprefix("training."): value for key, value in parsed}
 
 
 def check_training_overrides(overrides: Mapping[str, Any], *,
@@ -261,34 +200,7 @@ def starter_config_text() -> str:
     return importlib.resources.files("workbench").joinpath("templates/starter.toml").read_text("utf-8")
 
 
-# -- overrides and small helpers -------------------------------------------------------
-
-
-def _apply_overrides(data: dict, overrides: Sequence[str] | Mapping[str, Any] | None) -> tuple[dict, dict[Key, str]]:
-    """Apply overrides to a copy of ``data``; also return which key each override set."""
-    data, origins = copy.deepcopy(data), {}
-    if isinstance(overrides, Mapping):
-        items = [(str(k), v, f"{k}={toml_repr(v)}") for k, v in overrides.items()]
-    else:
-        texts = [overrides] if isinstance(overrides, str) else list(overrides or ())
-        items = [(*parse_override(t), t) for t in texts]
-    for key, value, text in items:
-        parts = tuple(p.strip() for p in key.split("."))
-        if not all(parts):
-            raise ConfigError("expected a dotted key such as training.learning_rate", path=f"--set {text}")
-        node = data
-        for i, part in enumerate(parts[:-1]):
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"is not a table, so it has no key {parts[i + 1]!r}",
-                                  path=f"--set {text}", key=".".join(parts[:i + 1]))
-            node = child
-        if value is None:
-            node.pop(parts[-1], None)
-        else:
-            node[parts[-1]] = value
-        origins[parts] = text
-    return data, origins
+# -- small helpers --------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=256)

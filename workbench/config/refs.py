@@ -1,8 +1,7 @@
 """Resolve ``"module:attribute"`` and ``"path/file.py:attr"`` references written in a config.
 
 A config names user code (model factories, hooks, callbacks) by reference. Those references
-resolve against the config file's folder first, then the working directory (DESIGN.md
-section 6), so a ``hooks.py`` kept next to the config works no matter where the run starts.
+resolve against the config file's folder first, then the working directory, so a ``hooks.py`` kept next to the config works no matter where the run starts.
 This module does only that: parse the reference, import its module without leaving
 ``sys.path`` changed, walk the attribute path, and say how to record the reference so the
 resolved config repeats the run from anywhere. It knows nothing about config keys or line

@@ -22,7 +22,7 @@ from workbench.control.discovery import NoLiveRun, check_socket_owner, read_cont
 from workbench.control.protocol import (
     MAX_LINE, PROTOCOL_VERSION, ProtocolError, decode_reply, encode, event_from_dict, snapshot_from_dict)
 from workbench.control.series_delta import apply_delta
-from workbench.session.state import ENDED, CheckpointRow, MemoryUsage, SessionEvent, Snapshot, Status
+from workbench.door.values import ENDED, CheckpointRow, MemoryUsage, SessionEvent, Snapshot, Status
 
 __all__ = ["attach", "RemoteSession", "RemoteError", "Refused", "Dropped", "Connection", "resolve_target"]
 
@@ -176,7 +176,7 @@ class Connection:
 
 
 class RemoteSession:
-    """SessionLike over the control protocol (see workbench.session.protocol for each call)."""
+    """SessionLike over the control protocol (see workbench.door.protocol for each call)."""
 
     # A branch started in the run's process serves its own folder: attach to it there (the
     # branch command's reply and the parent's events name it).

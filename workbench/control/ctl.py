@@ -1,6 +1,6 @@
 """``workbench ctl OUTDIR COMMAND [ARGS] [--json]``: one command to a live run, from a shell.
 
-Exit codes (workbench/exit_codes.py): 0 done; 2 a bad command or value (the run's own
+Exit codes (workbench/core/exit_codes.py): 0 done; 2 a bad command or value (the run's own
 one-line refusal); 3 no live run answers (no control.json, a stale one, nothing listening,
 or a run that refused the connection, with its reason). Printing is here; the talking is
 the client's.
@@ -16,7 +16,7 @@ from typing import Any
 
 from workbench.control.client import RemoteError, RemoteSession, attach
 from workbench.control.discovery import NoLiveRun
-from workbench.exit_codes import EXIT_NO_RUN, EXIT_OK, EXIT_USAGE
+from workbench.core.exit_codes import EXIT_NO_RUN, EXIT_OK, EXIT_USAGE
 
 __all__ = ["run_ctl", "CTL_COMMANDS"]
 

@@ -16,6 +16,8 @@ on it), never a live run's.
 
 from __future__ import annotations
 
+from workbench.core.names import CONTROL_FILE
+
 import json
 import os
 import re
@@ -30,7 +32,6 @@ from workbench.checkpoint.lock import pid_alive
 __all__ = ["CONTROL_FILE", "SUN_PATH_MAX", "NoLiveRun", "runtime_dir", "socket_path", "write_control",
            "read_control", "remove_stale_sockets", "remove_control", "stale_reason", "pid_alive", "check_socket_owner"]
 
-CONTROL_FILE = "control.json"
 SUN_PATH_MAX = 107  # bytes usable in sockaddr_un.sun_path on Linux (108 with the NUL)
 
 

@@ -15,7 +15,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from workbench.exit_codes import EXIT_FAILED, EXIT_USAGE
+from workbench.core.exit_codes import EXIT_FAILED, EXIT_USAGE
 
 __all__ = ["report_failure", "recorded_in"]
 
@@ -45,6 +45,6 @@ def report_failure(error: BaseException, output_dir: Path) -> int:
 def recorded_in(output_dir: Path) -> str:
     """``"; details in .../events.jsonl"`` when this process's error record ends that file
     (a full or read-only disk may have refused it), else nothing."""
-    from workbench.train.tracking import EVENTS_FILE, error_recorded
+    from workbench.core.event_file import EVENTS_FILE, error_recorded
 
     return f"; details in {Path(output_dir) / EVENTS_FILE}" if error_recorded(output_dir, os.getpid()) else ""

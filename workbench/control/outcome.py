@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from workbench.train.tracking import EVENTS_FILE
+from workbench.core.names import EVENTS_FILE
 
 __all__ = ["last_outcome", "describe_outcome", "end_note", "note_for"]
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields as dataclass_fields
 from typing import Any
 
-from workbench.session.state import CheckpointRow, Intervention, MemoryUsage, SessionEvent, Snapshot, Status
+from workbench.door.values import CheckpointRow, Intervention, MemoryUsage, SessionEvent, Snapshot, Status
 
 __all__ = ["PROTOCOL_VERSION", "MAX_LINE", "COMMANDS", "ProtocolError", "to_json", "encode", "decode_request",
            "decode_reply", "reply_ok", "reply_error", "snapshot_to_dict", "snapshot_from_dict",

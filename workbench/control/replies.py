@@ -12,7 +12,7 @@ encoded point by point from the cache, a new version of them is one join per ser
 
 Every reply stays under the line limit whatever the run's history: a snapshot carries the
 newest SNAPSHOT_CHECKPOINTS catalog rows (each with its newest few edits, see
-workbench.records.ROW_EDITS), a failed run's error and traceback cut to MAX_TEXT, and is
+workbench.core.records.ROW_EDITS), a failed run's error and traceback cut to MAX_TEXT, and is
 trimmed further if it would still be over FIELDS_BUDGET; ``events`` and ``checkpoints list``
 replies are pages cut by size (``more`` says another page follows); one event over
 MAX_EVENT_BYTES has its long texts cut.
@@ -27,7 +27,7 @@ from dataclasses import fields as dataclass_fields
 from typing import Any
 
 from workbench.control.protocol import downsample, event_to_dict, snapshot_to_dict, to_json
-from workbench.session.state import Snapshot
+from workbench.door.values import Snapshot
 
 __all__ = ["ReplyCache", "ok_line", "map_json", "page", "bounded_fields", "SNAPSHOT_CHECKPOINTS", "PAGE_BYTES",
            "MAX_EVENT_BYTES", "FIELDS_BUDGET", "MAX_TEXT"]

@@ -18,8 +18,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from workbench.session.inspection import check_sample_options
-from workbench.train.edits import check_reason, parse_edit
+from workbench.door.commands import check_sample_options
+from workbench.core.edits import check_reason, parse_edit
 
 __all__ = ["MAX_WAIT_S", "check_request", "SCHEMAS", "CHECKPOINT_ACTIONS"]
 

@@ -1,6 +1,6 @@
 """Series deltas: what a polling client needs to turn the curves it has into the run's newest.
 
-A run's series are bounded (workbench.session.state.SeriesStore): an evenly thinned history
+A run's series are bounded (workbench.door.values.SeriesStore): an evenly thinned history
 followed by the most recent points. Between two polls the history usually keeps its points
 (and perhaps gains one) and the recent window slides by the few points logged meanwhile,
 so the new curve is *a prefix of the old one, then a suffix of the old one, then new

@@ -41,9 +41,9 @@ from workbench.control.reactor import (
 from workbench.control.replies import PAGE_BYTES, ReplyCache, map_json, ok_line, page
 from workbench.control.requests import check_request
 from workbench.control.series_delta import SeriesVersions
-from workbench.session.loop_hold import LOOP_HELD
-from workbench.session.protocol import SessionLike
-from workbench.session.state import ENDED
+from workbench.door.values import LOOP_HELD
+from workbench.door.protocol import SessionLike
+from workbench.door.values import ENDED
 
 __all__ = ["ControlServer", "MAX_CLIENTS", "SEND_TIMEOUT"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.control.discovery import NoLiveRun
-from workbench.session.state import (
+from workbench.door.values import (
     SNAPSHOT_EDITS, SNAPSHOT_INTERVENTIONS, CheckpointRow, Intervention, MemoryUsage, SeriesStore, SessionEvent,
     Snapshot, Status)
 
@@ -94,7 +94,7 @@ class RecordedRun(_Refusing):
 
     def __init__(self, output_dir: str | Path) -> None:
         from workbench.checkpoint.store import CheckpointStore
-        from workbench.train.tracking import read_events
+        from workbench.core.event_file import read_events
 
         self.output_dir = Path(output_dir)
         if not self.output_dir.is_dir():

@@ -370,7 +370,7 @@ def _main_process_first(args: Any) -> contextlib.AbstractContextManager:
     The distributed state is the run's own (world.py), made here with the Trainer's
     arguments when data loading is the first to need it.
     """
-    from workbench.distributed.world import distributed_state, launched_world_size
+    from workbench.core.world import distributed_state, launched_world_size
 
     world = launched_world_size()
     if world is None or world[0] <= 1:

@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
+from workbench.core.rng import CollationRng, draws_random
+
 __all__ = [
     "BatchRebalanceSampler",
     "EpochRandomSampler",
@@ -46,6 +48,7 @@ __all__ = [
     "loader_samplers",
     "padded_cost",
     "start_loader_epoch",
+    "track_collation",
 ]
 
 SAMPLING_STRATEGIES = ("random", "sequential", "group_by_length", "batch_rebalance")
@@ -404,3 +407,21 @@ def draw_iterator_seed(loader: Any, epoch: int) -> None:
     if epoch > 0 and getattr(loader, "num_workers", 0) > 0 and getattr(loader, "persistent_workers", False):
         return
     torch.empty((), dtype=torch.int64).random_()
+
+
+def track_collation(loader: Any, accumulation: int) -> CollationRng | None:
+    """Remember the random streams each batch is collated from, where collation may draw from
+    them in this process (core/rng.py's CollationRng says why a checkpoint needs them);
+    None where it cannot (workers collate elsewhere, or the collator draws nothing)."""
+    collate = getattr(loader, "collate_fn", None)
+    if isinstance(collate, CollationRng):
+        collate.restart()
+        return collate
+    if collate is None or getattr(loader, "num_workers", 0) > 0 or not draws_random(collate):
+        return None
+    # At most a step's micro-batches plus the one collated ahead wait untrained.
+    tracked = CollationRng(collate, keep=accumulation + 1)
+    # Accelerate's loaders read the collator of the DataLoader they wrap (and copy it into
+    # the loader skip_first_batches builds).
+    getattr(loader, "base_dataloader", loader).collate_fn = tracked
+    return tracked

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from workbench.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
+from workbench.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
 
 __all__ = ["launch_ranks", "EXIT_FILE_ENV", "report_exit_code", "launched_by_workbench"]
 
@@ -86,7 +86,7 @@ def _worker_pids(launcher_pid: int) -> list[int]:
 
 def launch_ranks(num_processes: int, worker_args: list[str], config_file: str | None = None,
                  extra_env: dict[str, str] | None = None) -> int:
-    """Run the ranks and return the run's exit code (rank 0's, as DESIGN.md defines them)."""
+    """Run the ranks and return the run's exit code (rank 0's, as core/exit_codes.py defines them)."""
     command, env = launcher_command(num_processes, ["-m", "workbench", *worker_args], config_file)
     with tempfile.TemporaryDirectory(prefix="workbench-launch-") as tmp:
         exit_file = Path(tmp) / "exit-code"

@@ -36,13 +36,12 @@ from typing import Any
 
 import torch
 
-from workbench.train.callbacks import TrainerCallback
-from workbench.train.edits import edit_changes
+from workbench.core.edits import apply_edit, edit_changes
+from workbench.core.run import Gate, Run
 
 
 __all__ = ["RankSync", "HEARTBEAT_S"]
 
-Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 # Stop reasons by priority: the highest proposal wins (a preemption outranks a UI stop).
 _REASONS = ("", "session", "ui", "SIGUSR1", "SIGINT", "SIGTERM")
@@ -59,20 +58,22 @@ def _reason_code(reason: str | None) -> int:
     return _REASONS.index(reason) if reason in _REASONS else 1
 
 
-class RankSync(TrainerCallback):
-    """The agreement between ranks: a callback the Trainer installs first when there are several
-    processes (a single process needs none), so the loop itself has no rank special cases.
+class RankSync(Gate):
+    """The agreement between ranks: the first of the loop's gates (core/run.py), which the
+    Trainer installs when there are several processes (a single process needs none), so the
+    loop itself has no rank special cases.
 
-    Its hooks: before a step, ranks other than 0 wait out rank 0's pause (joining its paused-time
-    save or evaluation); right before the optimizer step, when every rank has just left the
-    gradients' all-reduce, the next exchange starts; at step ends the last one is applied; at
-    the end of training the one in flight is collected.
+    At a step's start, ranks other than 0 wait out rank 0's pause (joining its paused-time
+    save or evaluation); after the backward, when every rank has just left the gradients'
+    all-reduce, the next exchange starts; at step ends the last one is applied (the stop gate
+    after this one acts on an agreed stop at the same point); at the end of training the one
+    in flight is collected.
     """
 
-    def __init__(self, trainer: "Trainer") -> None:
+    def __init__(self, run: Run) -> None:
         import torch.distributed as dist
 
-        self.trainer = trainer
+        self.run = run
         self.rank = dist.get_rank()
         self.is_main = self.rank == 0
         self.group = dist.new_group(backend="gloo")  # collective: every rank builds its Trainer
@@ -95,29 +96,27 @@ class RankSync(TrainerCallback):
         self._post_next = True  # the first exchange starts with the first step
         self._last_point: float | None = None  # rank 0's clock at the last exchange point
 
-    # -- the hooks ---------------------------------------------------------------------------
+    # -- the gate's points ---------------------------------------------------------------------
 
-    def on_step_begin(self, args, state, control, **kwargs):
-        if self.is_main or not self.paused:
-            return
-        self.follow_pause(self._run_paused_action)
-        if self.trainer.stop_decision.is_set():  # agreed while paused: stop before this step
-            self.trainer._jit_callback.act(control)
+    def step_start(self, run: Run) -> None:
+        if not self.is_main and self.paused:
+            self.follow_pause(self._run_paused_action)  # a stop agreed meanwhile: the stop gate acts next
 
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        self.after_backward()
+    def after_backward(self, run: Run) -> None:
+        self.start_exchange()
 
-    def on_step_end(self, args, state, control, **kwargs):
-        self.step_end(control)
+    def step_end(self, run: Run) -> None:
+        self.exchange_point(run.control)
 
-    def on_train_end(self, args, state, control, **kwargs):
+    def train_end(self, run: Run) -> None:
         self.finish()
 
     def _run_paused_action(self, action: str) -> None:
         """Take part, on a rank other than 0, in a save or evaluation rank 0 runs while paused."""
-        from workbench.train.edits import evaluate_between_steps, save_between_steps
-
-        (save_between_steps if action == "save" else evaluate_between_steps)(self.trainer)
+        if action == "save":
+            self.run.save_between_steps()
+        else:
+            self.run.evaluate_between_steps()
 
     # -- what rank 0 asks for --------------------------------------------------------------
 
@@ -141,7 +140,7 @@ class RankSync(TrainerCallback):
     # -- the exchange ---------------------------------------------------------------------------
 
     def _fill(self, flags: torch.Tensor, pause: bool, action: str = "", at_step: bool = True) -> None:
-        request = self.trainer.stop_request
+        request = self.run.stop_request
         flags.zero_()
         if request.is_set():
             flags[_STOP] = _reason_code(request.reason)
@@ -170,7 +169,7 @@ class RankSync(TrainerCallback):
     def _apply(self, flags: torch.Tensor, control=None) -> None:
         import torch.distributed as dist
 
-        trainer = self.trainer
+        run = self.run
         if flags[_EDITS]:
             records = None
             if self.is_main:
@@ -188,31 +187,27 @@ class RankSync(TrainerCallback):
             dist.broadcast_object_list(payload, src=0, group=self.group)
             if not self.is_main:
                 self._apply_records(payload[0])
-        if flags[_STOP] and not trainer.stop_decision.is_set():
+        if flags[_STOP] and not run.stop_decision.is_set():
             reason = _REASONS[int(flags[_STOP])] or "session"
-            trainer.stop_decision.set(reason, save=not flags[_NOSAVE])
-            if not trainer.stop_request.is_set():  # this rank's own request now says why it stopped
-                trainer.stop_request.set(reason, save=not flags[_NOSAVE])
-        if control is not None:
+            run.stop_decision.set(reason, save=not flags[_NOSAVE])
+            if not run.stop_request.is_set():  # this rank's own request now says why it stopped
+                run.stop_request.set(reason, save=not flags[_NOSAVE])
+        if control is not None:  # (an agreed stop is the stop gate's, right after this one)
             if flags[_SAVE]:
                 control.should_save = True
             if flags[_EVAL]:
                 control.should_evaluate = True
-            if trainer.stop_decision.is_set():
-                trainer._jit_callback.act(control)
-        self.paused = bool(flags[_PAUSE]) and not trainer.stop_decision.is_set()
+        self.paused = bool(flags[_PAUSE]) and not run.stop_decision.is_set()
         if flags[_EVERY]:
             self.every = int(flags[_EVERY])
 
     def _apply_records(self, records: list[dict[str, Any]]) -> None:
-        from workbench.train.edits import apply_edit
-
         for record in records:
             for key, value in edit_changes(record).items():  # not its step, time or reason
-                apply_edit(self.trainer, key, value)
-            self.trainer.workbench_state.live_edits.append(dict(record))
+                apply_edit(self.run, key, value)
+            self.run.workbench_state.live_edits.append(dict(record))
 
-    def step_end(self, control) -> None:
+    def exchange_point(self, control) -> None:
         """At exchange points: act on the last agreement, then ask for the next one."""
         self._since += 1
         if self._since < self.every:
@@ -222,11 +217,11 @@ class RankSync(TrainerCallback):
             self._work.wait()
             self._work = None
             self._apply(self._flags, control)
-        if self.paused or self.trainer.stop_decision.is_set():
+        if self.paused or self.run.stop_decision.is_set():
             return  # nothing in flight while paused or stopping: heartbeats take over
         self._post_next = True
 
-    def after_backward(self) -> None:
+    def start_exchange(self) -> None:
         """Start a pending exchange right after the gradients' all-reduce: every rank has just
         left that sync point, so this one completes at once instead of keeping a gloo thread
         busy-waiting beside the compute for a rank that is a little behind."""

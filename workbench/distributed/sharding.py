@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.train.args import FSDP_SHARDING, ArgumentError, TrainingArguments
+from workbench.core.args.training import FSDP_SHARDING, ArgumentError, TrainingArguments
 
 __all__ = ["accelerator_plugins"]
 

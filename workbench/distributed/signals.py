@@ -1,6 +1,8 @@
-"""One way to stop and save: signals, Ctrl-C and UI commands all set a ``StopRequest``;
-``JITCheckpointCallback`` turns it into ``should_save`` + ``should_training_stop`` at the
-next safe point (end of the current step, or the current evaluation batch).
+"""One way to stop and save: signals, Ctrl-C and UI commands all set a ``StopRequest``
+(core/stop.py); the ``StopGate`` turns the run's stop decision into ``should_save`` +
+``should_training_stop`` at the next safe point (the start or end of a step, or an
+evaluation batch), once per run. It is the last of the loop's gates (core/run.py), so a
+stop the ranks agreed on in the gate before it is acted on at the same point.
 
 Signal handlers can only be installed from the main thread, so whoever owns the main
 thread (the CLI, the Session, ``Trainer.train`` when called there) installs them and the
@@ -11,77 +13,36 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterable
 
-from workbench.train.callbacks import TrainerCallback
+from workbench.core.run import Gate, Run
+from workbench.core.stop import StopRequest
 
-__all__ = ["StopRequest", "JITCheckpointCallback", "install_stop_handlers"]
+__all__ = ["StopGate", "install_stop_handlers"]
 
 
-class StopRequest:
-    """A thread-safe "stop and save" flag that remembers why it was set (first reason wins)."""
+class StopGate(Gate):
+    """Saves and stops at the next safe point once the run's stop decision is set; saves once."""
 
     def __init__(self) -> None:
-        self._event = threading.Event()
-        self._lock = threading.Lock()
-        self.reason: str | None = None
-        self.save = True
-        self.set_at: float | None = None  # time.monotonic() of the request
-
-    def set(self, reason: str, save: bool = True) -> bool:
-        """Request a stop; returns False when one was already requested (nothing changes)."""
-        with self._lock:
-            if self._event.is_set():
-                return False
-            self.reason, self.save = reason, save
-            self.set_at = time.monotonic()
-            self._event.set()
-            return True
-
-    def is_set(self) -> bool:
-        """Whether a stop was requested."""
-        return self._event.is_set()
-
-    def clear(self) -> None:
-        """Forget a request (a new run in the same process)."""
-        with self._lock:
-            self._event.clear()
-            self.reason = None
-            self.save = True
-            self.set_at = None
-
-
-class JITCheckpointCallback(TrainerCallback):
-    """Saves and stops at the next safe point once the StopRequest is set; saves once."""
-
-    def __init__(self, request: StopRequest) -> None:
-        self.request = request
         self._acted = False
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def train_begin(self, run: Run) -> None:
         self._acted = False
 
-    def act(self, control) -> None:
-        """Turn a set request into save + stop flags, once per run."""
-        if self._acted or not self.request.is_set():
+    def act(self, run: Run) -> None:
+        """Turn a set decision into save + stop flags, once per run."""
+        request = run.stop_decision
+        if self._acted or not request.is_set():
             return
         self._acted = True
-        control.should_training_stop = True
-        if self.request.save:
-            control.should_save = True
+        run.control.should_training_stop = True
+        if request.save:
+            run.control.should_save = True
 
-    def on_step_begin(self, args, state, control, **kwargs):
-        self.act(control)  # a request that came between steps: stop before the next one
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.act(control)
-
-    def on_prediction_step(self, args, state, control, **kwargs):
-        self.act(control)
-
-    def on_evaluate(self, args, state, control, **kwargs):
-        self.act(control)
+    step_start = act  # a request that came between steps: stop before the next one
+    step_end = act
+    evaluation_point = act
 
 
 def install_stop_handlers(

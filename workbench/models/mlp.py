@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.train.losses import classification_loss
+from workbench.models.losses import classification_loss
 
 __all__ = ["MLPClassifier"]
 
@@ -78,7 +78,7 @@ class MLPClassifier(nn.Module):
     ) -> dict[str, torch.Tensor]:
         """Class logits for ``x`` of shape (batch, in_features), plus the loss given ``labels``.
 
-        The loss is :func:`workbench.train.losses.classification_loss`, a sum divided by
+        The loss is :func:`workbench.models.losses.classification_loss`, a sum divided by
         ``num_items_in_batch`` when that is given (exact gradient accumulation), else a mean.
         Extra keyword arguments are ignored so generic collators can pass more keys.
         """

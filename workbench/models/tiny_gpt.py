@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from workbench.train.losses import causal_lm_loss
+from workbench.models.losses import causal_lm_loss
 
 __all__ = ["TinyGPT"]
 
@@ -184,7 +184,7 @@ class TinyGPT(nn.Module):
         """Logits for every position, plus the next-token loss when ``labels`` are given.
 
         ``labels`` are the unshifted ids (usually a copy of ``input_ids``, -100 where no loss
-        is wanted); the shift happens in :func:`workbench.train.losses.causal_lm_loss`. With
+        is wanted); the shift happens in :func:`workbench.models.losses.causal_lm_loss`. With
         ``num_items_in_batch`` the loss is a sum divided by it, so gradient accumulation is
         exact. A zero in ``attention_mask`` hides that key from every query and positions
         count only attended tokens, so left- and right-padded batches give the same logits

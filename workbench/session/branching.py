@@ -9,12 +9,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for annotations only: the Trainer is a layer below, and heavy to import
+    from workbench.train.trainer import Trainer
 
 
 __all__ = ["check_branch", "check_resume_overrides", "branch_trainer"]
-
-Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 
 def check_branch(args: Any, step: int, output_dir: str | Path, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -80,9 +81,9 @@ def branch_trainer(old: "Trainer", checkpoint: str | Path, output_dir: str | Pat
     """A Trainer for the branch (a copy of the parent's model, its data and hooks, the
     parent's user callbacks) and the branch's origin record, also written to the branch's
     events.jsonl. The parent keeps its own weights."""
-    from workbench.train.tracking import EventLog
+    from workbench.core.event_file import EventFile
     from workbench.train.trainer import Trainer
-    from workbench.train.trainer_utils import unwrap_model
+    from workbench.core.trainer_utils import unwrap_model
 
     args = dataclasses.replace(old.args, output_dir=str(output_dir), **overrides)
     model = copy.deepcopy(unwrap_model(old.model))
@@ -94,5 +95,5 @@ def branch_trainer(old: "Trainer", checkpoint: str | Path, output_dir: str | Pat
     origin = {"checkpoint": str(Path(checkpoint).resolve()), "overrides": overrides,
               "parent_output_dir": str(Path(old.args.output_dir).resolve())}
     Path(output_dir).mkdir(parents=True, exist_ok=True)
-    EventLog(output_dir).write("branch", 0, **origin)
+    EventFile(output_dir).write("branch", 0, **origin)
     return trainer, origin

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.checkpoint.store import CheckpointStore
-from workbench.session.state import ENDED, CheckpointRow, SeriesStore, Status
+from workbench.door.values import ENDED, CheckpointRow, SeriesStore, Status
 
 __all__ = ["CheckpointCommands"]
 
@@ -187,8 +187,7 @@ class CheckpointCommands:
         # over TCP on a free port of its own (this run's may still be bound).
         child = type(self)(trainer, resume_from_checkpoint=str(checkpoint), origin=origin, control=self.control,
                            control_port=0 if self.control_port is not None else None, control_host=self.control_host)
-        if self.trainer.guard_pause is None:  # a headless run's branch stops on the guard too, never pauses
-            trainer.guard_pause = None
+        child.pauses_for_guard = self.pauses_for_guard  # a headless run's branch stops on the guard too
         return child
 
     def _usable_checkpoint(self, checkpoint: str | Path, what: str, other_run: bool = False) -> Path:
@@ -198,7 +197,7 @@ class CheckpointCommands:
         weights fit this model (names and shapes). ValueError with one line otherwise, before
         anything stops (a remote client's bad target must leave the live run untouched)."""
         from workbench.checkpoint.trainer_state import weights_misfit
-        from workbench.train.trainer_utils import unwrap_model
+        from workbench.core.trainer_utils import unwrap_model
 
         own = CheckpointStore(self.trainer.args.output_dir)
         text = str(checkpoint).strip()

@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 
-from workbench.session.state import SessionEvent
+from workbench.door.values import SessionEvent
 
 __all__ = ["EventHub", "EVENT_HISTORY"]
 

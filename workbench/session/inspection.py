@@ -3,27 +3,26 @@
 These read the model's tensors, so they host-sync freely; they are meant for a paused
 run (or the end of one), never for the training hot path. Sampling runs only then (the
 Session refuses it while the loop trains: it switches the model to eval mode and draws
-from the RNG the loop uses), and it is capped at MAX_SAMPLE_TOKENS new tokens, so a
+from the RNG the loop uses), and it is capped at MAX_SAMPLE_TOKENS new tokens (door/commands.py), so a
 sample holds a paused run for a bounded time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from workbench.train.model_kinds import model_kind
-from workbench.train.trainer_utils import unwrap_model
+from workbench.models.kinds import model_kind
+from workbench.core.trainer_utils import unwrap_model
+from workbench.door.commands import check_sample_options
+
+if TYPE_CHECKING:  # for annotations only: the Trainer is a layer below, and heavy to import
+    from workbench.train.trainer import Trainer
 
 
-__all__ = ["inspect_model", "sample_text", "can_sample", "check_sample_options", "MAX_SAMPLE_TOKENS"]
-
-MAX_SAMPLE_TOKENS = 1024  # new tokens one sample may ask for: a resume or stop waits for a sample to end
-_MAX_TEMPERATURE = 100.0
-
-Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
+__all__ = ["inspect_model", "sample_text", "can_sample"]
 
 
 def _optimizer_update(optimizer: Any, param: torch.nn.Parameter, lr: float) -> torch.Tensor | None:
@@ -80,31 +79,6 @@ def can_sample(trainer: "Trainer") -> bool:
     model = unwrap_model(trainer.model)
     causal = model_kind(model) == "ForCausalLM"  # GPT2LMHeadModel too (no loss_type, no "CausalLM" in its name)
     return hasattr(model, "generate") and causal and trainer.processing_class is not None
-
-
-def _bad(key: str, expected: str, value: Any) -> ValueError:
-    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-    return ValueError(f"sample: {key}: expected {expected}, got {shown}")
-
-
-def check_sample_options(prompt: Any, max_new_tokens: Any = 64, temperature: Any = 0.8, top_k: Any = 20,
-                         seed: Any = 0) -> dict[str, Any]:
-    """The options of a sample, checked (one line naming the first bad one); returns them as
-    sample_text takes them. The one rule, for the Session and the control server alike."""
-    if not isinstance(prompt, str) or not prompt:
-        raise _bad("prompt", "some text to continue", prompt)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not (
-            1 <= max_new_tokens <= MAX_SAMPLE_TOKENS):
-        raise _bad("max_new_tokens", f"a whole number from 1 to {MAX_SAMPLE_TOKENS}", max_new_tokens)
-    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature != temperature
-            or not 0 <= temperature <= _MAX_TEMPERATURE):
-        raise _bad("temperature", f"a number from 0 (greedy) to {_MAX_TEMPERATURE:g}", temperature)
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise _bad("top_k", "a whole number >= 1, or null for no limit", top_k)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise _bad("seed", "a whole number >= 0", seed)
-    return {"prompt": prompt, "max_new_tokens": max_new_tokens, "temperature": float(temperature), "top_k": top_k,
-            "seed": seed}
 
 
 def sample_text(trainer: "Trainer", prompt: str, max_new_tokens: int = 64, temperature: float = 0.8,

@@ -20,14 +20,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from workbench.session.state import ENDED, Status
+from workbench.door.values import LOOP_HELD
 
-__all__ = ["LOOP_HELD", "reading_the_model"]
+__all__ = ["reading_the_model"]
 
 Session = Any  # annotations only: Session imports this module
-
-# The statuses in which the training loop is not running a step.
-LOOP_HELD = frozenset({Status.PAUSED, Status.IDLE, *ENDED})
 
 
 @contextlib.contextmanager

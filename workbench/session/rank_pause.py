@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from workbench.distributed.rank_sync import HEARTBEAT_S
-from workbench.session.state import Status
+from workbench.door.values import Status
 
 if TYPE_CHECKING:
     from workbench.distributed.rank_sync import RankSync

@@ -12,25 +12,22 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.session.local import Session
+from workbench.train.trainer import Trainer
 
 __all__ = ["train_with_control"]
 
-Trainer = Any  # annotations only: the Trainer reaches this module through its runner slot
-
-
-def train_with_control(trainer: "Trainer", resume_from_checkpoint: str | bool | None = None, trial: Any = None,
+def train_with_control(trainer: Trainer, resume_from_checkpoint: str | bool | None = None, trial: Any = None,
                        ignore_keys_for_eval: list[str] | None = None) -> Any:
     """Train ``trainer`` in this thread through a Session that serves the control endpoint;
     returns the TrainOutput. The Session is taken off the Trainer again afterwards, so a
     later train() starts clean (and serves again)."""
-    guard_pause = trainer.guard_pause
     session = Session(trainer, resume_from_checkpoint=resume_from_checkpoint, control=True,
                       control_port=trainer.args.control_port, control_host=trainer.args.control_host,
                       train_kwargs={"trial": trial, "ignore_keys_for_eval": ignore_keys_for_eval})
     session.branches_here = False  # a remote branch would make this call train another Trainer
     # A guard's pause keeps the plain Trainer's meaning (stop with a checkpoint): no one may
     # be attached to resume it.
-    trainer.guard_pause = guard_pause
+    session.pauses_for_guard = False
     try:
         session.run()
         return session.train_output

@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.train.trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, has_length, speed_metrics, unwrap_model
+from workbench.core.trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, has_length, speed_metrics, unwrap_model
+from workbench.core.run import Run
 
 
 __all__ = ["evaluate", "predict", "evaluation_loop", "concat_batches", "pad_and_concat", "nested_to_cpu"]
 
-Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 PAD_INDEX = -100
 
@@ -146,7 +146,7 @@ def _head(inputs: Any, n: int, batch_size: int) -> Any:
     return inputs
 
 
-def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction_loss_only: bool | None = None,
+def evaluation_loop(trainer: Run, dataloader, description: str, prediction_loss_only: bool | None = None,
                     ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
     """Run the model over ``dataloader`` and compute metrics (HF's evaluation_loop).
 
@@ -212,6 +212,7 @@ def evaluation_loop(trainer: "Trainer", dataloader, description: str, prediction
             logits = gather(logits)
         num_samples += num_samples_batch
         trainer.control = handler.on_prediction_step(args, trainer.state, trainer.control)
+        trainer.gates.evaluation_point(trainer)  # a stop asked for meanwhile cuts the evaluation short
         if batch_metrics:
             # Without a length (iterable eval set), Accelerate's loader looks one batch
             # ahead and flags the last one.
@@ -275,7 +276,7 @@ def _batch_size(inputs: Any) -> int:
     return 1
 
 
-def _run_one(trainer: "Trainer", dataset: Any, ignore_keys: list[str] | None, prefix: str) -> dict[str, float]:
+def _run_one(trainer: Run, dataset: Any, ignore_keys: list[str] | None, prefix: str) -> dict[str, float]:
     """One evaluation, through the Trainer's override points: ``get_eval_dataloader`` builds
     the loader (``dataset`` is a set, a name of one of the Trainer's sets, or None) and
     ``evaluation_loop`` runs it."""
@@ -290,7 +291,7 @@ def _run_one(trainer: "Trainer", dataset: Any, ignore_keys: list[str] | None, pr
     return metrics
 
 
-def evaluate(trainer: "Trainer", eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+def evaluate(trainer: Run, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
     """Evaluate one set (or each of a dict of named sets) and report the metrics.
 
     As in HF, the Trainer's own named sets reach ``get_eval_dataloader`` by name and a set
@@ -307,10 +308,11 @@ def evaluate(trainer: "Trainer", eval_dataset=None, ignore_keys=None, metric_key
         metrics = _run_one(trainer, eval_dataset, ignore_keys, prefix)
     trainer.log(metrics)  # as HF: the returned metrics carry the epoch too
     trainer.control = trainer.callback_handler.on_evaluate(trainer.args, trainer.state, trainer.control, metrics)
+    trainer.gates.evaluation_point(trainer)
     return metrics
 
 
-def predict(trainer: "Trainer", test_dataset, ignore_keys=None, metric_key_prefix: str = "test") -> PredictionOutput:
+def predict(trainer: Run, test_dataset, ignore_keys=None, metric_key_prefix: str = "test") -> PredictionOutput:
     """Predictions, label ids and metrics for ``test_dataset`` (metrics prefixed ``test_``), through
     the Trainer's ``get_test_dataloader`` and ``evaluation_loop``."""
     start = time.perf_counter()

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from workbench.train.losses import IGNORE_INDEX
+from workbench.models.losses import IGNORE_INDEX
 
 __all__ = ["LabelSmoother"]
 

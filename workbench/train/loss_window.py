@@ -1,4 +1,6 @@
-"""The training loss between two logging points, kept on the device at no per-step cost.
+"""The training loss between two logging points, kept on the device at no per-step cost, and
+the run's loss log built on it (``LossLog``: what is logged, HF's ``train_loss``, and what a
+checkpoint carries).
 
 Each micro-batch's loss tensor is only *remembered* (a list append: no kernel, no host
 sync). At a logging point the window is reduced in a few vectorized kernels, with HF's
@@ -19,7 +21,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["LossWindow"]
+from workbench.core.run import Run
+
+__all__ = ["LossWindow", "LossLog"]
 
 FOLD = 1024
 
@@ -88,3 +92,77 @@ class LossWindow:
         self._folded = torch.tensor(saved.get("folded", 0.0), dtype=self._folded.dtype, device=self.device)
         self._losses = [torch.tensor(v, dtype=dtype, device=self.device) for v in saved.get("losses", [])]
         self._steps = [int(k) for k in saved.get("steps", [])]
+
+
+class LossLog:
+    """The training loss of one ``train()`` call: the window since the last log (device-side,
+    ``LossWindow``), the running total HF's ``train_loss`` divides, and what a checkpoint
+    carries of it so a resumed run logs exactly what the uninterrupted one logs."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.window = LossWindow(run.accelerator.device, run.args.logging_nan_inf_filter)
+        self.total = 0.0
+        self.last_logged = run.state.global_step
+        self.grad_norm: torch.Tensor | None = None
+        # The rate the last optimizer step used, read before the schedule moves on: what HF
+        # logs for that step (None until a step of this call ran).
+        self.learning_rate: float | None = None
+
+    def add(self, loss: torch.Tensor) -> None:
+        """One micro-batch's loss, remembered (not added: the window sums and filters it at
+        the logging point)."""
+        self.window.add(loss, self.run.state.global_step - self.last_logged)
+
+    def restart_at(self, step: int) -> None:
+        """A rollback undid steps: the unlogged losses are partly theirs; drop them and count
+        from the restored step."""
+        self.window.reset()
+        self.last_logged = step
+
+    def log(self, start_time: float, learning_rate: float | None = None) -> dict[str, float] | None:
+        """The loss since the last log (a host sync: a logging point) with the gradient norm and
+        the learning rate the last step used (``learning_rate``; else the current one); None
+        when no step ran since. The mean over ranks (Accelerate's gather is the tensor itself
+        with one process)."""
+        run, acc, state = self.run, self.run.accelerator, self.run.state
+        if state.global_step <= self.last_logged:
+            return None
+        loss_scalar = acc.gather(self.window.total().reshape(1)).mean().item()  # host sync: logging point
+        self.window.reset()
+        logs: dict[str, float] = {"loss": loss_scalar / (state.global_step - self.last_logged)}
+        if self.grad_norm is not None:
+            logs["grad_norm"] = float(self.grad_norm)
+        logs["learning_rate"] = learning_rate if learning_rate is not None else run._get_learning_rate()
+        self.total += loss_scalar
+        self.last_logged = state.global_step
+        return logs
+
+    def train_loss(self, steps_run: int) -> float:
+        """HF's ``train_loss``: every step's loss of this call, the unlogged ones folded in."""
+        if self.run.state.global_step > self.last_logged:
+            self.total += self.window.total().item()
+        return self.total / max(steps_run, 1)
+
+    def export(self) -> dict[str, Any]:
+        """The loss not logged yet, for a checkpoint. One process keeps the entries themselves
+        (a resumed run reduces exactly the same values); with several (a collective: every
+        rank saves) the ranks' sums are averaged as at a logging point, and every rank carries
+        that mean, so the next log's mean over ranks comes out the same."""
+        acc = self.run.accelerator
+        if acc.num_processes == 1:
+            saved = self.window.export()
+        else:
+            mean = float(acc.gather(self.window.total().reshape(1)).mean())
+            saved = {"folded": mean, "losses": [], "steps": [], "dtype": "float32"}
+        return {**saved, "since_step": self.last_logged}
+
+    def restore(self, saved: dict[str, Any] | None) -> None:
+        """Continue the window a checkpoint carried; train_loss stays over this run's steps (HF)."""
+        state = self.run.state
+        if not saved or saved.get("since_step") is None or not 0 <= saved["since_step"] <= state.global_step:
+            return
+        self.window.restore(saved)
+        self.last_logged = int(saved["since_step"])
+        # The first log after the resume adds the carried loss to the total: start below zero.
+        self.total = -float(self.run.accelerator.gather(self.window.total().reshape(1)).mean())

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from workbench.records import MemoryUsage
+from workbench.core.records import MemoryUsage
 
 __all__ = ["memory_report", "tensor_bytes", "host_rss", "StageMemoryTracker"]
 

@@ -15,10 +15,10 @@ import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+from workbench.core.run import Run
 
 __all__ = ["model_card", "hyperparameters", "results_from_history"]
 
-Trainer = Any  # annotations only: the Trainer imports this module
 
 # Tasks by the ending of the model's class name (transformers' auto-model families).
 TASKS = {
@@ -90,7 +90,7 @@ def results_from_history(log_history: list[dict[str, Any]]) -> tuple[list[dict[s
     return rows, final
 
 
-def hyperparameters(trainer: "Trainer") -> dict[str, Any]:
+def hyperparameters(trainer: Run) -> dict[str, Any]:
     """The arguments a card lists, under the names transformers' cards use."""
     args = trainer.args
     world = trainer.accelerator.num_processes
@@ -199,7 +199,7 @@ def existing_tags(path: Path) -> list[str]:
     return tags
 
 
-def _dataset_defaults(trainer: "Trainer") -> tuple[list[str] | None, list[Any] | None, list[dict] | None]:
+def _dataset_defaults(trainer: Run) -> tuple[list[str] | None, list[Any] | None, list[dict] | None]:
     """Dataset tag, config and split of a named ``datasets`` dataset (local files name none)."""
     one = trainer.eval_dataset if trainer.eval_dataset is not None else trainer.train_dataset
     datasets = sys.modules.get("datasets")
@@ -211,13 +211,13 @@ def _dataset_defaults(trainer: "Trainer") -> tuple[list[str] | None, list[Any] |
     return [builder], [one.config_name], [{"config": one.config_name, "split": str(one.split)}]
 
 
-def model_card(trainer: "Trainer", language: str | list[str] | None = None, license: str | None = None,
+def model_card(trainer: Run, language: str | list[str] | None = None, license: str | None = None,
                tags: str | list[str] | None = None, model_name: str | None = None,
                finetuned_from: str | None = None, tasks: str | list[str] | None = None,
                dataset_tags: str | list[str] | None = None, dataset: str | list[str] | None = None,
                dataset_args: str | list[str] | None = None) -> str:
     """The README.md text for the Trainer's model (``Trainer.create_model_card``'s arguments)."""
-    from workbench.train.trainer_utils import unwrap_model
+    from workbench.core.trainer_utils import unwrap_model
 
     model = unwrap_model(trainer.model)
     card_path = Path(trainer.args.output_dir) / "README.md"

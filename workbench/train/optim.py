@@ -3,7 +3,7 @@ schedules are in schedules.py (``get_scheduler`` and ``SCHEDULES`` are re-export
 
 torch builds adamw_torch, adamw_torch_fused, sgd, adagrad, rmsprop and adafactor; the
 other names transformers lists need packages, and TrainingArguments refuses them with the
-package to install (workbench/train/arg_enums.py).
+package to install (workbench/core/args/enums.py).
 """
 
 from __future__ import annotations
@@ -14,62 +14,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.train.arg_enums import SERVED_OPTIMIZERS, OptimizerNames, unserved_optimizer
-from workbench.train.args import TrainingArguments
+from workbench.core.args.enums import SERVED_OPTIMIZERS, OptimizerNames, unserved_optimizer
+from workbench.core.args.training import TrainingArguments
+from workbench.core.trainer_utils import unwrap_model
+from workbench.models.param_groups import decay_parameter_names, parameter_groups  # noqa: F401 - part of this module's API
 from workbench.train.schedules import SCHEDULES, get_scheduler  # noqa: F401 - part of this module's API
 
 __all__ = [
+    "TrainerOptimizer",
     "decay_parameter_names",
     "parameter_groups",
     "get_optimizer_cls_and_kwargs",
     "get_scheduler",
     "SCHEDULES",
 ]
-
-_NORM_TYPES = (
-    nn.LayerNorm,
-    nn.GroupNorm,
-    nn.RMSNorm,
-    nn.modules.batchnorm._BatchNorm,
-    nn.modules.instancenorm._InstanceNorm,
-    nn.LocalResponseNorm,
-)
-
-
-def decay_parameter_names(model: nn.Module) -> set[str]:
-    """Names of parameters that get weight decay: everything but biases and norm weights.
-
-    Norm layers are found by type (torch's norms) and by name ("norm" in the module class
-    name, which covers RMSNorm variants of other libraries).
-    """
-    skip: set[str] = set()
-    for module_name, module in model.named_modules():
-        is_norm = isinstance(module, _NORM_TYPES) or "norm" in type(module).__name__.lower()
-        for param_name, _ in module.named_parameters(recurse=False):
-            full = f"{module_name}.{param_name}" if module_name else param_name
-            if is_norm or param_name == "bias":
-                skip.add(full)
-    return {name for name, _ in model.named_parameters() if name not in skip}
-
-
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Two optimizer groups, with and without weight decay; frozen parameters left out.
-
-    Without weight decay the two would be identical, so they are one group (a fused
-    optimizer then launches its kernels once per step, not twice). The parameter order is
-    the same either way, so saved optimizer states convert between the layouts.
-    """
-    decay = decay_parameter_names(model)
-    with_decay, without = [], []
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            (with_decay if name in decay else without).append(param)
-    if weight_decay == 0:
-        return [{"params": with_decay + without, "weight_decay": 0.0}] if with_decay or without else []
-    groups = [{"params": with_decay, "weight_decay": weight_decay},
-              {"params": without, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
-
 
 def _parse_optim_args(text: str | None) -> dict[str, Any]:
     """HF's optim_args: "key=value,key=value"; numbers and booleans are converted."""
@@ -120,3 +78,53 @@ def get_optimizer_cls_and_kwargs(args: TrainingArguments) -> tuple[type[torch.op
 def trainable_parameters(params: Iterable[torch.nn.Parameter]) -> int:
     """Number of elements in the parameters that require grad."""
     return sum(p.numel() for p in params if p.requires_grad)
+
+
+class TrainerOptimizer:
+    """The Trainer's optimizer and schedule, HF's override points (mixed into ``Trainer``)."""
+
+    def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
+        """Parameters that get weight decay (not biases, not norm weights)."""
+        return sorted(decay_parameter_names(model))
+
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """The optimizer from ``args.optim`` (or optimizer_cls_and_kwargs), decay groups applied.
+
+        ``model`` (HF's signature) optimizes another module than the Trainer's.
+        """
+        if self.optimizer is None:
+            model = unwrap_model(model if model is not None else self.model)
+            groups = parameter_groups(model, self.args.weight_decay)
+            cls, kwargs = self.optimizer_cls_and_kwargs or get_optimizer_cls_and_kwargs(self.args)
+            self.optimizer = cls(groups, **kwargs)
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        """The LR schedule from ``args.lr_scheduler_type`` over ``num_training_steps``."""
+        if self.lr_scheduler is None:
+            self.lr_scheduler = get_scheduler(
+                self.args.lr_scheduler_type,
+                optimizer if optimizer is not None else self.optimizer,
+                num_warmup_steps=self.args.get_warmup_steps(num_training_steps),
+                num_training_steps=num_training_steps,
+                scheduler_specific_kwargs=self.args.lr_scheduler_kwargs,
+            )
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        """Create both (HF order: optimizer first, schedule on it)."""
+        self.create_optimizer()
+        self.create_scheduler(num_training_steps, self.optimizer)
+
+    def get_learning_rates(self) -> list[float]:
+        """Current learning rate of each parameter group."""
+        if self.lr_scheduler is not None:
+            return list(self.lr_scheduler.get_last_lr())
+        if self.optimizer is None:
+            raise ValueError("the optimizer is not created yet: call train() or create_optimizer() first")
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def get_num_trainable_parameters(self) -> int:
+        """Number of parameter elements that require grad."""
+        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)

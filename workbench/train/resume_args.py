@@ -33,14 +33,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench.train.edits import EDITABLE, apply_edit
+from workbench.core.edits import EDITABLE, apply_edit
+from workbench.core.run import Run
 
 
 log = logging.getLogger("transformers.trainer_utils")  # where HF warns about changed arguments
 
 __all__ = ["COMPARED", "checkpoint_arguments", "apply_changed_arguments", "replace_arguments"]
 
-Trainer = Any  # annotations only: Trainer imports this module (directly or not), so it is not imported back
 
 # The arguments a resume compares, in the order their warnings are printed.
 COMPARED: tuple[str, ...] = (
@@ -96,7 +96,7 @@ def _interval(value: Any, max_steps: int) -> int | None:
     return max(1, math.ceil(max_steps * value) if value < 1 else int(value))
 
 
-def _edits_for(trainer: "Trainer", changed: list[str], planned_max_steps: int) -> dict[str, Any]:
+def _edits_for(trainer: Run, changed: list[str], planned_max_steps: int) -> dict[str, Any]:
     """The live edits that carry this launch's values of the ``changed`` editable arguments."""
     args = trainer.args
     edits: dict[str, Any] = {}
@@ -132,7 +132,7 @@ def _note(key: str, applied: dict[str, Any], refused: bool, step: int, args: Any
     return "nothing to apply (this launch has no value for it)"
 
 
-def apply_changed_arguments(trainer: "Trainer", checkpoint: Path, planned_max_steps: int) -> dict[str, Any]:
+def apply_changed_arguments(trainer: Run, checkpoint: Path, planned_max_steps: int) -> dict[str, Any]:
     """Warn about each compared argument that differs from ``checkpoint``'s, and apply the
     live-editable ones from the resume step as one recorded live edit.
 
@@ -169,13 +169,13 @@ def apply_changed_arguments(trainer: "Trainer", checkpoint: Path, planned_max_st
     if applied:
         trainer.workbench_state.live_edits.append({"step": step, "time": time.time(), **applied})
         if trainer.is_world_process_zero():
-            from workbench.train.tracking import EventLog
+            from workbench.core.event_file import EventFile
 
-            EventLog(args.output_dir).write("edit", step, checkpoint=checkpoint.name, **applied)
+            EventFile(args.output_dir).write("edit", step, checkpoint=checkpoint.name, **applied)
     return applied
 
 
-def replace_arguments(trainer: "Trainer", **overrides: Any) -> None:
+def replace_arguments(trainer: Run, **overrides: Any) -> None:
     """Give ``trainer`` new TrainingArguments with ``overrides`` for its next ``train()``.
 
     Validated as at construction (a new TrainingArguments is made). Only the arguments a

@@ -2,7 +2,7 @@
 
 Every step-based schedule is a ``LambdaLR`` multiplier of the base learning rate, as in HF,
 so each gives HF's rate at each step and a live edit of the base rate
-(``param_group["initial_lr"]`` / ``scheduler.base_lrs``, workbench/train/edits.py) rescales
+(``param_group["initial_lr"]`` / ``scheduler.base_lrs``, workbench/core/edits.py) rescales
 the rest of it. ``reduce_lr_on_plateau`` is torch's ``ReduceLROnPlateau``, stepped after
 each evaluation on ``metric_for_best_model`` (:func:`step_on_metric`), never per update.
 """

@@ -1,83 +1,23 @@
-"""Where logs go: ``output_dir/events.jsonl`` (always, on the main process) and, by
-``report_to``, extra sinks. Sinks are plain callbacks, so they see exactly what the loop
+"""Where logs go: ``output_dir/events.jsonl`` (always, on the main process; the file's
+format is workbench/core/event_file.py) and, by ``report_to``, extra sinks. Sinks are plain callbacks, so they see exactly what the loop
 reports through ``on_log`` / ``on_evaluate`` / ``on_save``.
 """
 
 from __future__ import annotations
 
-import json
-import math
+
 import os
-import threading
-import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from workbench.exit_codes import EXIT_FAILED, run_exit_code
-from workbench.train.callbacks import TrainerCallback
+from workbench.core.args.training import REPORT_SINKS
+from workbench.core.event_file import EventFile
+from workbench.core.exit_codes import EXIT_FAILED, run_exit_code
+from workbench.core.callbacks import TrainerCallback
 
-__all__ = ["EventLog", "EventLogCallback", "TrackioCallback", "TensorBoardCallback", "reporting_callbacks",
-           "read_events", "error_recorded", "available_sinks", "SINKS"]
+__all__ = ["EventLogCallback", "TrackioCallback", "TensorBoardCallback", "reporting_callbacks", "SINKS"]
 
-EVENTS_FILE = "events.jsonl"
-
-
-def _clean(value: Any) -> Any:
-    """JSON-safe value: non-finite floats become strings ("nan", "inf") rather than invalid JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
-
-
-class EventLog:
-    """Appends one JSON object a line to ``events.jsonl``; safe to call from several threads."""
-
-    def __init__(self, output_dir: str | os.PathLike) -> None:
-        self.path = Path(output_dir) / EVENTS_FILE
-        self._lock = threading.Lock()
-
-    def write(self, event: str, step: int, **fields: Any) -> dict[str, Any]:
-        """Append ``{"event", "time", "step", **fields}`` and return it."""
-        record = {"event": event, "time": time.time(), "step": step, **_clean(fields)}
-        line = json.dumps(record, allow_nan=False)
-        with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(line + "\n")
-        return record
-
-
-def read_events(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """All events of a run directory, in order (a torn last line is ignored)."""
-    path = Path(output_dir) / EVENTS_FILE
-    if not path.is_file():
-        return []
-    events = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return events
-
-
-def error_recorded(output_dir: str | os.PathLike, pid: int) -> bool:
-    """Whether the last record of ``events.jsonl`` is process ``pid``'s error record (a
-    full or read-only disk may have refused it: then nothing should point there)."""
-    try:
-        with open(Path(output_dir) / EVENTS_FILE, "rb") as f:
-            f.seek(max(f.seek(0, os.SEEK_END) - (1 << 20), 0))  # the record ends the file
-            record = json.loads(f.read().rstrip(b"\n").rsplit(b"\n", 1)[-1])
-    except (OSError, ValueError):
-        return False
-    return isinstance(record, dict) and record.get("event") == "error" and record.get("pid") == pid
 
 
 class EventLogCallback(TrainerCallback):
@@ -89,14 +29,14 @@ class EventLogCallback(TrainerCallback):
     end and error name the writing process (rank 0's pid, the one control.json names)."""
 
     def __init__(self, stop: Any = None) -> None:
-        self.log: EventLog | None = None
+        self.log: EventFile | None = None
         self.stop = stop
 
-    def _out(self, args, state) -> EventLog | None:
+    def _out(self, args, state) -> EventFile | None:
         if not state.is_world_process_zero:
             return None
         if self.log is None or self.log.path.parent != Path(args.output_dir):
-            self.log = EventLog(args.output_dir)
+            self.log = EventFile(args.output_dir)
         return self.log
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -210,18 +150,12 @@ class TensorBoardCallback(TrainerCallback):
     on_error = on_train_end
 
 
-SINKS: dict[str, tuple[type[TrainerCallback] | None, str | None]] = {
-    "jsonl": (None, None),  # EventLogCallback is always on
-    "trackio": (TrackioCallback, "trackio"),
-    "tensorboard": (TensorBoardCallback, "tensorboard"),
+# The callback of each report_to sink (args.REPORT_SINKS names the package it needs).
+SINKS: dict[str, type[TrainerCallback] | None] = {
+    "jsonl": None,  # EventLogCallback is always on
+    "trackio": TrackioCallback,
+    "tensorboard": TensorBoardCallback,
 }
-
-
-def available_sinks() -> list[str]:
-    """Sinks whose package is installed (what report_to="all" means here)."""
-    import importlib.util
-
-    return [name for name, (_, package) in SINKS.items() if package is None or importlib.util.find_spec(package)]
 
 
 def reporting_callbacks(args, stop: Any = None) -> list[TrainerCallback]:
@@ -231,7 +165,7 @@ def reporting_callbacks(args, stop: Any = None) -> list[TrainerCallback]:
 
     callbacks: list[TrainerCallback] = [EventLogCallback(stop)]
     for name in args.report_to:
-        cls, package = SINKS[name]
+        cls, package = SINKS[name], REPORT_SINKS[name]
         if cls is None:
             continue
         if package and importlib.util.find_spec(package) is None:

@@ -1,8 +1,12 @@
 """Trainer: the Hugging Face ``Trainer`` surface on Accelerate.
 
-This class holds the objects of a run and the methods users override (compute_loss,
-training_step, prediction_step, create_optimizer, ...). The loops live in loop.py and
-evaluation.py, checkpoint files in checkpoint/store.py, the Accelerator set-up in
+The Trainer is a ``Run`` (core/run.py: the run's state, declared in one place) and the HF
+facade over it: its methods are the override points users know (compute_loss,
+training_step, prediction_step, evaluate, save_model, ...), and every layer calls them. Its
+other override points are mixins, one a module: the data loaders (loaders.py), the
+optimizer and schedule (optim.py), the reporting methods (reports.py), the model's facts
+and its loss (loss.py). The loop is
+loop.py, evaluation evaluation.py, checkpoint files checkpoint/, the Accelerator set-up
 accelerator_setup.py, so each piece stays readable.
 """
 
@@ -12,11 +16,9 @@ import contextlib
 import inspect
 import logging
 import math
-import os
 import signal
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,43 +27,30 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-import workbench.train.losses as losses
-import workbench.train.model_kinds as model_kinds
-from workbench.train.args import TrainingArguments
-from workbench.train.hf_args import as_workbench_arguments
-from workbench.train.guard import Guard
-from workbench.train.callbacks import (
-    CallbackHandler,
-    DefaultFlowCallback,
-    PrinterCallback,
-    ProgressCallback,
-    TrainerCallback,
-    TrainerControl,
-    TrainerState,
-    WorkbenchState,
-)
-from workbench.train.label_smoothing import LabelSmoother
+from workbench.core.args.training import TrainingArguments
+from workbench.core.args.hf import as_workbench_arguments
+from workbench.guard.settings import Guard
+from workbench.core.callbacks import CallbackHandler, TrainerCallback
+from workbench.core.state import TrainerControl, TrainerState, WorkbenchState
+from workbench.train.callbacks import DefaultFlowCallback, PrinterCallback, ProgressCallback
+from workbench.train.loaders import TrainerData
+from workbench.train.loss import TrainerLoss
 from workbench.train.reports import TrainerReports
-from workbench.data.collators import RemoveColumnsCollator, default_collator_for, signature_columns
-from workbench.train.optim import decay_parameter_names, get_optimizer_cls_and_kwargs, get_scheduler, parameter_groups
+from workbench.data.collators import default_collator_for
+from workbench.train.optim import TrainerOptimizer
 from workbench.train.schedules import step_on_metric
-from workbench.data.samplers import (
-    BatchRebalanceSampler,
-    EpochRandomSampler,
-    EpochSequentialSampler,
-    LengthGroupedSampler,
-    dataset_lengths,
-)
 from workbench.checkpoint.lock import hold_output_dir
 from workbench.checkpoint.store import CheckpointStore
 from workbench.train.accelerator_setup import check_sharding, make_accelerator
-from workbench.distributed.signals import JITCheckpointCallback, StopRequest, install_stop_handlers
-from workbench.records import is_timing_metric
-from workbench.train.trainer_utils import (
+from workbench.core.run import Gates, LoopPosition, Run
+from workbench.core.stop import StopRequest
+from workbench.distributed.rank_sync import RankSync
+from workbench.distributed.signals import StopGate, install_stop_handlers
+from workbench.core.records import is_timing_metric
+from workbench.core.trainer_utils import (
     EvalLoopOutput,
     PredictionOutput,
     TrainOutput,
-    has_length,
     set_seed,
     unwrap_model,
 )
@@ -70,11 +59,11 @@ log = logging.getLogger("workbench")
 
 __all__ = ["Trainer", "DEFAULT_CALLBACKS"]
 
-# What every Trainer starts with, as in HF (progress, trackers and the JIT stop come on top).
+# What every Trainer starts with, as in HF (progress and trackers come on top; the stop is a gate).
 DEFAULT_CALLBACKS = [DefaultFlowCallback]
 
 
-class Trainer(TrainerReports):
+class Trainer(TrainerData, TrainerOptimizer, TrainerReports, TrainerLoss, Run):
     """Train, evaluate and predict with any ``nn.Module`` (HF-compatible constructor).
 
     The model's forward may return a dict / ModelOutput / tuple with the loss first. A
@@ -101,15 +90,14 @@ class Trainer(TrainerReports):
     ) -> None:
         # transformers' TrainingArguments are read into workbench's (the user's object untouched).
         self.args = as_workbench_arguments(args) if args is not None else TrainingArguments("tmp_trainer")
-        # workbench: what to do about non-finite or spiking losses (train/guard.py); None is
-        # off, as in HF. ``guard_pause`` is set by an interactive front-end (the Session):
-        # without it, a guard that asks to pause stops the run with a checkpoint instead.
+        # workbench: what to do about non-finite or spiking losses (workbench/guard/); None is
+        # off, as in HF. A guard that asks to pause pauses a run a gate can hold (a Session's),
+        # and stops one no one can resume with a checkpoint instead.
         if guard is not None and not isinstance(guard, Guard):
             raise TypeError(f"guard: expected a workbench Guard, got {type(guard).__name__}")
         self.guard: Guard | None = guard
-        self.guard_pause: Callable[[], Any] | None = None
         # workbench: the Session training this Trainer, if any; it then owns the control
-        # endpoint, and train() does not serve one of its own (args.control, workbench/serving.py).
+        # endpoint, and train() does not serve one of its own (args.control, workbench/core/serving.py).
         self.control_owner: Any = None
         set_seed(self.args.seed, deterministic=self.args.full_determinism)
         self.accelerator = make_accelerator(self.args)
@@ -158,30 +146,30 @@ class Trainer(TrainerReports):
         self._train_batch_size = self.args.train_batch_size
         self._eval_dataloaders: dict[str, DataLoader] = {}  # persistent-worker loaders, reused
         # The training loop while it runs (its loss window is HF's tr_loss), else None.
-        self._training_loop: Any = None
+        self.loop = None
+        self.position = LoopPosition()
 
         from workbench.train.tracking import reporting_callbacks
 
-        # Signals, Ctrl-C, the UI and Session.stop() all set this one request; the JIT
-        # callback turns it into save + stop at the next safe point.
+        # Signals, Ctrl-C, the UI and Session.stop() all set this one request; the stop gate
+        # turns it into save + stop at the next safe point.
         self.stop_request = StopRequest()
         # What the loop acts on. With one process that is the request itself; with several,
-        # the ranks agree on it at step ends first (distributed.py), so all stop together.
+        # the ranks agree on it at step ends first (rank_sync.py), so all stop together.
         self.stop_decision = self.stop_request
-        self._rank_sync = None
+        # The steering gates (core/run.py): the ranks' agreement, a front-end's steering (a
+        # Session installs it), the stop. Callbacks only observe and set flags, as in HF.
+        self.gates = Gates()
+        self.gates.set("stop", StopGate())
+        self.rank_sync: RankSync | None = None
         if self.accelerator.num_processes > 1:
-            from workbench.distributed.rank_sync import RankSync
-
             self.stop_decision = StopRequest()
-            self._rank_sync = RankSync(self)
-        self._jit_callback = JITCheckpointCallback(self.stop_decision)
+            self.rank_sync = RankSync(self)
+            self.gates.set("agreement", self.rank_sync)
         from workbench.checkpoint.async_save import CheckpointWriter
 
         self.checkpoint_writer = CheckpointWriter()  # save_async writes here, in the background
-        # The rank agreement goes first: a rank waits out rank 0's pause before any other
-        # callback sees the step begin.
-        agreement = [self._rank_sync] if self._rank_sync is not None else []
-        defaults: list[Any] = [*agreement, *DEFAULT_CALLBACKS, self._jit_callback, *reporting_callbacks(self.args, self.stop_decision)]
+        defaults: list[Any] = [*DEFAULT_CALLBACKS, *reporting_callbacks(self.args, self.stop_decision)]
         # As HF: the bare printer when progress bars are disabled, else the progress lines.
         defaults.append(PrinterCallback if self.args.disable_tqdm else ProgressCallback)
         self.callback_handler = CallbackHandler(
@@ -205,38 +193,6 @@ class Trainer(TrainerReports):
             self._memory.start(stage)
             return {}
         return self._memory.stop(stage)
-
-    # -- model facts ---------------------------------------------------------------------
-
-    def _inspect_model(self) -> None:
-        model = unwrap_model(self.model)
-        params = inspect.signature(model.forward).parameters
-        takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-        self.model_kind = losses.model_kind(model)
-        flag = getattr(model, "accepts_loss_kwargs", None)  # as HF: a model's own word comes first
-        self.model_accepts_loss_kwargs = flag if isinstance(flag, bool) else takes_kwargs or "num_items_in_batch" in params
-        self._model_takes_labels = takes_kwargs or "labels" in params
-        # A loss that ignores num_items_in_batch (BERT's heads) is computed from the logits by
-        # its kind's loss when a count is given (model_kinds.py says why).
-        self._model_loss_counts = model_kinds.loss_uses_item_count(model)
-        self._loss_by_kind = (self.model_kind in losses.LOSS_MAPPING and self._model_takes_labels
-                              and model_kinds.ignores_item_count(model))
-        if self.args.label_names is not None:
-            self.label_names = list(self.args.label_names)
-        else:
-            self.label_names = [n for n in params if "label" in n] or ["labels"]
-        self.can_return_loss = self._model_takes_labels
-        self.label_smoothing = self.args.label_smoothing_factor
-        config = getattr(model, "config", None)
-        problem = config.get("problem_type") if isinstance(config, dict) else getattr(config, "problem_type", None)
-        self._problem_type = problem  # the classifier loss follows it (losses.classification_loss)
-        if self.label_smoothing and problem == "multi_label_classification":
-            # As HF: smoothing is defined over classes of one label, not independent binary ones.
-            warnings.warn("Label smoothing is not compatible with multi-label classification. "
-                          "Disabling label smoothing for this training run.", UserWarning, stacklevel=3)
-            self.label_smoothing = 0.0
-        # HF's attribute, for compute_loss overrides written against transformers.
-        self.label_smoother = LabelSmoother(self.label_smoothing) if self.label_smoothing > 0 else None
 
     def call_model_init(self, trial: Any = None) -> nn.Module:
         """Build a model with ``model_init`` (it may take the trial or nothing)."""
@@ -270,194 +226,6 @@ class Trainer(TrainerReports):
         """Remove a callback (instance or first of a class)."""
         self.callback_handler.remove_callback(callback)
 
-    # -- data ------------------------------------------------------------------------------
-
-    def _collator_for(self, dataset: Any, description: str) -> Callable:
-        if not self.args.remove_unused_columns:
-            return self.data_collator
-        keep = signature_columns(unwrap_model(self.model), self.label_names)
-        # One set per Trainer: each dropped-columns message is shown once, not every evaluation.
-        reported = self.__dict__.setdefault("_dropped_columns_reported", set())
-        return RemoveColumnsCollator(self.data_collator, keep, description, reported,
-                                     quiet=[self.args.length_column_name])
-
-    def _loader_kwargs(self) -> dict[str, Any]:
-        args = self.args
-        kwargs: dict[str, Any] = {
-            "num_workers": args.dataloader_num_workers,
-            "pin_memory": args.dataloader_pin_memory and self.accelerator.device.type == "cuda",
-        }
-        if args.dataloader_num_workers > 0:
-            kwargs["persistent_workers"] = args.dataloader_persistent_workers
-            kwargs["prefetch_factor"] = args.dataloader_prefetch_factor
-            kwargs["multiprocessing_context"] = args.dataloader_multiprocessing_context
-            kwargs["in_order"] = args.dataloader_in_order
-        return kwargs
-
-    def _get_train_sampler(self, dataset: Dataset) -> torch.utils.data.Sampler | None:
-        """The sampler of ``train_sampling_strategy`` (None for an IterableDataset, which has no
-        order to choose). "batch_rebalance" returns a batch sampler (see samplers.py)."""
-        if isinstance(dataset, IterableDataset) or not has_length(dataset):
-            return None
-        args = self.args
-        strategy = args.train_sampling_strategy
-        if strategy == "sequential":
-            return EpochSequentialSampler(dataset)
-        seed = args.data_seed if args.data_seed is not None else args.seed
-        if strategy == "group_by_length":
-            return LengthGroupedSampler(self._sample_lengths(dataset),
-                                        self._train_batch_size * args.gradient_accumulation_steps, seed=seed)
-        if strategy == "batch_rebalance":
-            config = self.accelerator.dataloader_config
-            if config.split_batches or config.dispatch_batches:
-                raise ValueError('train_sampling_strategy="batch_rebalance" plans every rank\'s micro-batches '
-                                 "itself: unset accelerator_config split_batches and dispatch_batches")
-            return BatchRebalanceSampler(self._sample_lengths(dataset), self._train_batch_size,
-                                         num_processes=self.accelerator.num_processes,
-                                         gradient_accumulation_steps=args.gradient_accumulation_steps,
-                                         seed=seed, drop_last=args.dataloader_drop_last)
-        return EpochRandomSampler(dataset, seed=seed)
-
-    def _sample_lengths(self, dataset: Dataset) -> list[int]:
-        """Sample lengths for the length-aware samplers, computed once per dataset and Trainer."""
-        cache = self.__dict__.setdefault("_lengths_cache", {})
-        hit = cache.get(id(dataset))
-        if hit is None or hit[0] is not dataset:
-            names = getattr(self.processing_class, "model_input_names", None)
-            name = names[0] if names else getattr(unwrap_model(self.model), "main_input_name",
-                                                  "input_ids")
-            hit = cache[id(dataset)] = (dataset, dataset_lengths(dataset, self.args.length_column_name, name))
-        return hit[1]
-
-    def get_train_dataloader(self) -> DataLoader:
-        """The training DataLoader, prepared by Accelerate (sharded across processes)."""
-        if self.train_dataset is None:
-            raise ValueError("Trainer.train needs a train_dataset")
-        dataset = self.train_dataset
-        sampler = self._get_train_sampler(dataset)
-        if isinstance(sampler, BatchRebalanceSampler):
-            batching: dict[str, Any] = {"batch_sampler": sampler}  # sizes vary: it batches itself
-        else:
-            batching = {"batch_size": self._train_batch_size, "sampler": sampler,
-                        "drop_last": self.args.dataloader_drop_last}
-        # The loop starts each epoch through the returned loader alone (its samplers' and
-        # collator's set_epoch, its generator re-seeded: samplers.start_loader_epoch). The
-        # worker base seed comes from this generator, not the global RNG, so starting an
-        # iterator (also mid-run, on resume) never shifts dropout or other draws.
-        loader = DataLoader(
-            dataset,
-            generator=torch.Generator(),
-            collate_fn=self._collator_for(dataset, "training"),
-            **batching,
-            **self._loader_kwargs(),
-        )
-        return self.accelerator.prepare(loader)
-
-    def _resolve_eval_dataset(self, eval_dataset: Dataset | str | None) -> Dataset:
-        if isinstance(eval_dataset, str):
-            if not isinstance(self.eval_dataset, dict) or eval_dataset not in self.eval_dataset:
-                names = sorted(self.eval_dataset) if isinstance(self.eval_dataset, dict) else []
-                raise ValueError(f"no eval dataset named {eval_dataset!r}; named sets: {', '.join(names) or 'none'}")
-            return self.eval_dataset[eval_dataset]
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if dataset is None:
-            raise ValueError("evaluation needs an eval_dataset (pass one to Trainer or to evaluate())")
-        return dataset
-
-    def _eval_loader(self, dataset: Dataset, description: str, draws: bool = True) -> DataLoader:
-        # As HF's, an evaluation's iterator draws its base seed from the global RNG, so the
-        # training after it sees HF's numbers (a checkpoint is written after its step's
-        # evaluation: a resume stays exact). ``draws`` False: the loader owns a generator.
-        loader = DataLoader(
-            dataset,
-            batch_size=self.args.eval_batch_size,
-            sampler=None if isinstance(dataset, IterableDataset) else EpochSequentialSampler(dataset),
-            generator=None if draws else torch.Generator().manual_seed(self.args.seed),
-            collate_fn=self._collator_for(dataset, description),
-            drop_last=self.args.dataloader_drop_last,
-            **self._loader_kwargs(),
-        )
-        return self.accelerator.prepare(loader)
-
-    def get_eval_dataloader(self, eval_dataset: Dataset | str | None = None) -> DataLoader:
-        """The evaluation DataLoader (sequential; a name selects one of several eval sets).
-
-        With ``dataloader_persistent_workers`` each loader is built once and reused, as in HF,
-        so its worker pool lives across evaluations instead of starting at each one.
-        """
-        key = eval_dataset if isinstance(eval_dataset, str) else "eval"
-        reuse = self.args.dataloader_persistent_workers and (eval_dataset is None or isinstance(eval_dataset, str))
-        if reuse and key in self._eval_dataloaders:
-            return self._eval_dataloaders[key]
-        # Persistent workers keep one iterator: HF draws at a set's first evaluation only (a
-        # resumed run finds that one in its log history).
-        logged = "eval_runtime" if key == "eval" else f"eval_{key}_runtime"
-        draws = not (reuse and self.args.dataloader_num_workers > 0
-                     and any(logged in entry for entry in self.state.log_history))
-        loader = self._eval_loader(self._resolve_eval_dataset(eval_dataset), "evaluation", draws)
-        if reuse:
-            self._eval_dataloaders[key] = loader
-        return loader
-
-    def get_test_dataloader(self, test_dataset: Dataset) -> DataLoader:
-        """The prediction DataLoader for ``test_dataset``."""
-        return self._eval_loader(test_dataset, "prediction")
-
-    def num_examples(self, dataloader: DataLoader) -> int:
-        """Number of examples behind a DataLoader (its dataset's length)."""
-        dataset = getattr(dataloader, "dataset", None)
-        if dataset is not None and has_length(dataset):
-            return len(dataset)
-        return len(dataloader) * self.args.per_device_train_batch_size
-
-    # -- optimizer and schedule --------------------------------------------------------------
-
-    def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
-        """Parameters that get weight decay (not biases, not norm weights)."""
-        return sorted(decay_parameter_names(model))
-
-    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
-        """The optimizer from ``args.optim`` (or optimizer_cls_and_kwargs), decay groups applied.
-
-        ``model`` (HF's signature) optimizes another module than the Trainer's.
-        """
-        if self.optimizer is None:
-            model = unwrap_model(model if model is not None else self.model)
-            groups = parameter_groups(model, self.args.weight_decay)
-            cls, kwargs = self.optimizer_cls_and_kwargs or get_optimizer_cls_and_kwargs(self.args)
-            self.optimizer = cls(groups, **kwargs)
-        return self.optimizer
-
-    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
-        """The LR schedule from ``args.lr_scheduler_type`` over ``num_training_steps``."""
-        if self.lr_scheduler is None:
-            self.lr_scheduler = get_scheduler(
-                self.args.lr_scheduler_type,
-                optimizer if optimizer is not None else self.optimizer,
-                num_warmup_steps=self.args.get_warmup_steps(num_training_steps),
-                num_training_steps=num_training_steps,
-                scheduler_specific_kwargs=self.args.lr_scheduler_kwargs,
-            )
-            self._created_lr_scheduler = True
-        return self.lr_scheduler
-
-    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
-        """Create both (HF order: optimizer first, schedule on it)."""
-        self.create_optimizer()
-        self.create_scheduler(num_training_steps, self.optimizer)
-
-    def get_learning_rates(self) -> list[float]:
-        """Current learning rate of each parameter group."""
-        if self.lr_scheduler is not None:
-            return list(self.lr_scheduler.get_last_lr())
-        if self.optimizer is None:
-            raise ValueError("the optimizer is not created yet: call train() or create_optimizer() first")
-        return [group["lr"] for group in self.optimizer.param_groups]
-
-    def get_num_trainable_parameters(self) -> int:
-        """Number of parameter elements that require grad."""
-        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-
     # -- steps -------------------------------------------------------------------------------
 
     def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -467,75 +235,6 @@ class Trainer(TrainerReports):
         from accelerate.utils import send_to_device
 
         return send_to_device(inputs, self.accelerator.device, non_blocking=True)
-
-    def _trainer_computes_loss(self, inputs: dict[str, Any], num_items_in_batch: Any = None) -> bool:
-        """Whether compute_loss takes the labels out and computes the loss itself (also when
-        the model's own loss would ignore a target count it needs)."""
-        return "labels" in inputs and (
-            self.compute_loss_func is not None
-            or self.label_smoothing > 0
-            or not self._model_takes_labels
-            or (num_items_in_batch is not None and self._loss_by_kind)
-        )
-
-    def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
-                     num_items_in_batch: torch.Tensor | int | None = None):
-        """Forward pass and loss; ``num_items_in_batch`` counts targets of the whole accumulated batch.
-
-        A loss from ``compute_loss_func`` (or the default loss given num_items_in_batch) is
-        already normalized over the accumulated batch and is not divided again.
-        """
-        labels = None
-        if self._trainer_computes_loss(inputs, num_items_in_batch):
-            inputs = dict(inputs)
-            labels = inputs.pop("labels")
-        if self.model_accepts_loss_kwargs and num_items_in_batch is not None and labels is None:
-            inputs = {**inputs, "num_items_in_batch": num_items_in_batch}
-        outputs = model(**inputs)
-        if labels is not None:
-            if self.compute_loss_func is not None:
-                loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
-            else:
-                loss = self._default_loss(outputs, labels, num_items_in_batch)
-        else:
-            if isinstance(outputs, torch.Tensor):
-                # A bare tensor is the loss only when it is a scalar; otherwise it is logits.
-                loss = outputs if outputs.dim() == 0 else None
-            else:
-                loss = outputs.get("loss") if isinstance(outputs, dict) else outputs[0]
-            if loss is None:
-                keys = (", ".join(outputs) if isinstance(outputs, dict)
-                        else f"a tensor of shape {tuple(outputs.shape)}" if isinstance(outputs, torch.Tensor)
-                        else "a tuple")
-                raise ValueError(
-                    f"the model did not return a loss (it returned {keys}); pass labels in the inputs "
-                    "(a 'labels' column) or a compute_loss_func"
-                )
-        if (self.args.average_tokens_across_devices and num_items_in_batch is not None
-                and self.accelerator.num_processes > 1 and self._loss_is_normalized(inputs, labels)):
-            # DDP averages gradients over processes; the loss was divided by the global count.
-            loss = loss * self.accelerator.num_processes
-        return (loss, outputs) if return_outputs else loss
-
-    def _default_loss(self, outputs: Any, labels: torch.Tensor, num_items: Any) -> torch.Tensor:
-        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0] if isinstance(outputs, tuple) else outputs
-        loss_fn = losses.LOSS_MAPPING.get(self.model_kind or "")
-        if loss_fn is None:
-            raise ValueError(
-                f"cannot pick a default loss for {type(unwrap_model(self.model)).__name__}: "
-                f"set model.loss_type to one of {', '.join(losses.LOSS_MAPPING)} or pass compute_loss_func"
-            )
-        return loss_fn(logits, labels, num_items_in_batch=num_items, label_smoothing=self.label_smoothing,
-                       problem_type=self._problem_type)
-
-    def _loss_is_normalized(self, inputs: dict[str, Any], labels: Any) -> bool:
-        if self.compute_loss_func is not None:
-            return True
-        return labels is not None or (self.model_accepts_loss_kwargs and self._model_loss_counts)
-
-    def compute_loss_context_manager(self) -> contextlib.AbstractContextManager:
-        """Context for the forward pass (autocast is applied by Accelerate's model wrapper)."""
-        return contextlib.nullcontext()
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any],
                       num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
@@ -608,8 +307,8 @@ class Trainer(TrainerReports):
             raise TypeError(f"train() got unexpected keyword arguments: {', '.join(kwargs)}")
         if self.args.control and self.control_owner is None and self.is_world_process_zero():
             # workbench: serve the control endpoint (rank 0) while this same call trains;
-            # the runner comes from the session layer (workbench/serving.py).
-            from workbench.serving import control_runner
+            # the runner comes from the session layer (workbench/core/serving.py).
+            from workbench.core.serving import control_runner
 
             return control_runner()(self, resume_from_checkpoint=resume_from_checkpoint, trial=trial,
                                     ignore_keys_for_eval=ignore_keys_for_eval)
@@ -751,8 +450,8 @@ class Trainer(TrainerReports):
 
         ``tr_loss`` is the run's loss window (reduced at the logging point, not per step).
         """
-        if self.control.should_log and self._training_loop is not None:
-            self._training_loop.log_loss(start_time, learning_rate)
+        if self.control.should_log and self.loop is not None:
+            self.loop.log_loss(start_time, learning_rate)
         if self.control.should_evaluate:
             metrics = self._evaluate(trial, ignore_keys_for_eval)
             if self._determine_best_metric(metrics, trial) and self.args.save_strategy == "best":
@@ -801,9 +500,3 @@ class Trainer(TrainerReports):
     def _get_output_dir(self, trial: Any = None) -> str:
         """Where checkpoints go (HF's hook; hyperparameter-search runs would add a run folder)."""
         return self.args.output_dir
-
-    def _output_path(self) -> Path:
-        path = Path(self.args.output_dir)
-        if self.accelerator.is_main_process:
-            os.makedirs(path, exist_ok=True)
-        return path

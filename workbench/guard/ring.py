@@ -1,0 +1,101 @@
+"""In-memory rollback points of a run, for the guard's rollback (issue #18).
+
+A rollback point is what a rollback needs to put the run back at an earlier step boundary:
+weights, optimizer, schedule, RNG streams, the step counters, the data position and the
+guard's detector. Unlike a checkpoint it is never written: the tensors are host copies
+(``host_copy``), so taking one blocks only for the device-to-host copy, and a rollback
+reads no file. Each process keeps its own (DDP replicas are equal; RNG streams are not),
+so taking one is not a collective. FSDP shards are not supported (the guard refuses).
+
+The ring keeps the newest ``size`` points; memory is ``size`` x (weights + optimizer). (The
+front-ends' ``Snapshot`` is something else: the published view of a run, door/values.py.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from workbench.checkpoint.state_dicts import host_copy
+from workbench.core.rng import capture_rng, restore_rng
+from workbench.core.run import LoopPosition, Run
+from workbench.core.trainer_utils import unwrap_model
+
+
+__all__ = ["RollbackPoint", "RollbackRing"]
+
+
+@dataclass
+class RollbackPoint:
+    """One step boundary of the run, in host memory."""
+
+    step: int
+    epoch: float
+    position: LoopPosition  # where the data goes on from this boundary
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    rng: dict[str, Any]
+    detector: dict[str, Any]  # GuardMonitor.export() minus the interventions
+
+    @classmethod
+    def take(cls, run: Run, detector: dict[str, Any]) -> "RollbackPoint":
+        """Copy this process's state to host memory (blocks for the device-to-host copies)."""
+        optimizer = getattr(run.optimizer, "optimizer", run.optimizer)
+        return cls(
+            step=run.state.global_step,
+            epoch=run.state.epoch,
+            position=dataclasses.replace(run.position),
+            # state_dict keeps tied weights under every name: load_state_dict wants them all.
+            model=host_copy(unwrap_model(run.model).state_dict()),
+            optimizer=host_copy(optimizer.state_dict()),
+            scheduler=host_copy(run.lr_scheduler.state_dict()),
+            rng=capture_rng(),
+            detector={k: v for k, v in detector.items() if k != "interventions"},
+        )
+
+    def restore(self, run: Run) -> None:
+        """Put weights, optimizer, schedule, RNG, step counters and position back (copies in,
+        the point itself stays usable for a second rollback)."""
+        unwrap_model(run.model).load_state_dict(self.model)
+        optimizer = getattr(run.optimizer, "optimizer", run.optimizer)
+        # load_state_dict casts to the parameters' devices (new tensors: the ring's stay intact).
+        optimizer.load_state_dict(self.optimizer)
+        run.lr_scheduler.load_state_dict(self.scheduler)
+        restore_rng(self.rng)
+        run.state.global_step = self.step
+        run.state.epoch = self.epoch
+        run.position = dataclasses.replace(self.position)
+
+
+class RollbackRing:
+    """The newest ``size`` rollback points, taken every ``every`` steps and at every save."""
+
+    def __init__(self, every: int, size: int) -> None:
+        self.every = every
+        self._ring: deque[RollbackPoint] = deque(maxlen=size)
+
+    def due(self, step: int, saving: bool = False) -> bool:
+        """Whether a rollback point belongs to this step boundary (a host-int test: no sync).
+
+        ``saving``: a checkpoint of this boundary is being written, which is a rollback point
+        whatever the step (ActiveGuard.prepare_save).
+        """
+        return (step % self.every == 0 or saving) and (not self._ring or self._ring[-1].step != step)
+
+    def add(self, point: RollbackPoint) -> None:
+        self._ring.append(point)
+
+    def before(self, step: int) -> RollbackPoint | None:
+        """The newest point taken before ``step`` ran (boundary < step), dropping the newer
+        ones: they hold steps a rollback undoes."""
+        while self._ring and self._ring[-1].step >= step:
+            self._ring.pop()
+        return self._ring[-1] if self._ring else None
+
+    def __len__(self) -> int:
+        return len(self._ring)
