@@ -23,6 +23,7 @@ read or change only what is declared here. Who changes what:
 from __future__ import annotations
 
 import dataclasses
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -103,7 +104,7 @@ class Writer(Protocol):
     def wait(self) -> None: ...
 
 
-class Run:
+class Run(ABC):
     """The state of one Trainer's runs (module docstring); the Trainer sets every attribute."""
 
     args: "TrainingArguments"
@@ -139,72 +140,72 @@ class Run:
 
     # -- the override points the loop and the layers below call (the Trainer implements them) --
 
+    @abstractmethod
     def get_train_dataloader(self) -> Any:
         """The training DataLoader (HF's)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
         """Make the optimizer and the schedule for a run of ``num_training_steps`` (HF's)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> "torch.Tensor":
         """Forward and backward of one micro-batch; the detached loss (HF's)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def floating_point_ops(self, inputs: Any) -> int:
         """Floating-point operations of one micro-batch's forward and backward (HF's)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _maybe_log_save_evaluate(self, tr_loss: Any, grad_norm: Any, model: Any, trial: Any, epoch: float | None,
                                  ignore_keys_for_eval: list[str] | None, start_time: float,
                                  learning_rate: float | None = None) -> None:
         """At a step or epoch end: log, evaluate and save as the flags say (HF's)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _evaluate(self, trial: Any, ignore_keys_for_eval: list[str] | None, skip_scheduler: bool = False) -> dict:
         """An evaluation during training (HF's)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _memory_stage(self, stage: str, start: bool) -> dict[str, int]:
         """Start or stop a stage's memory metrics (HF's skip_memory_metrics=False)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def is_world_process_zero(self) -> bool:
         """Whether this is the main process of the whole run (HF's)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def is_local_process_zero(self) -> bool:
         """Whether this is the main process on this machine (HF's)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def evaluate(self, eval_dataset: Any = None, ignore_keys: list[str] | None = None,
                  metric_key_prefix: str = "eval") -> dict[str, float]:
         """Evaluate and return the metrics (HF's ``Trainer.evaluate``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Record ``logs`` in the state's history and tell the callbacks (HF's ``Trainer.log``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Write the model files (HF's ``Trainer.save_model``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _save_checkpoint(self, model: Any, trial: Any) -> "Path | None":
         """Write ``checkpoint-<step>`` (HF's ``Trainer._save_checkpoint``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _get_output_dir(self, trial: Any = None) -> str:
         """Where checkpoints go (HF's ``Trainer._get_output_dir``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _get_learning_rate(self) -> float:
         """The learning rate HF logs (HF's ``Trainer._get_learning_rate``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def store_flos(self) -> None:
         """Add this process's floating-point operations to ``state.total_flos`` (HF's)."""
-        raise NotImplementedError
 
     # -- what is done between steps, outside the loop (a paused run) ---------------------------
 
