@@ -35,6 +35,28 @@ def _one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(autouse=True)
+def _no_run_left_training():
+    """A test ends with no run training in this process: one left would refuse every later
+    test's Trainer (one run a process, workbench/train/one_run.py), so it is stopped here and
+    the test that left it fails, named."""
+    yield
+    from workbench.train.one_run import training_run
+
+    from support.waiting import wait_until
+
+    left = training_run()
+    if left is None:
+        return
+    try:
+        wait_until(lambda: training_run() is None, "the test's run to end", timeout=10)
+    except AssertionError:
+        owner = left.control_owner  # a Session (paused ones included) stops through its own door
+        owner.stop(save=False) if owner is not None else left.stop_request.set("test teardown", save=False)
+        wait_until(lambda: training_run() is None, "the left run to stop after a stop request", timeout=60)
+        pytest.fail(f"the test left a run training ({left.args.output_dir}); stop it (the sessions fixture does)")
+
+
 @pytest.fixture
 def sessions():
     """Sessions a test made (append them): at the end each one still going, and each branch it
@@ -50,3 +72,13 @@ def checks(request, monkeypatch) -> str:
     an accelerator run does; forced here on the CPU). A test taking it runs both ways."""
     monkeypatch.setattr(guard_checks, "HOST_DECIDES_ON_CPU", request.param == "host")
     return request.param
+
+
+@pytest.fixture(scope="session")
+def finetune_workspace(tmp_path_factory):
+    """A local fine-tuning workspace (tiny Llama with a chat tokenizer, chat and
+    prompt/completion jsonl; support/finetune.py), built once for the whole run."""
+    pytest.importorskip("transformers")
+    from support.finetune import build_workspace
+
+    return build_workspace(tmp_path_factory.mktemp("finetune"))

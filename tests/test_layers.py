@@ -29,7 +29,7 @@ FRONT_END_LIBRARIES = ("textual", "textual_plotext", "ipywidgets", "bqplot", "pl
 # before it, never one after it. "top" is the package's facade (workbench/__init__.py) and the
 # other top-level modules.
 PACKAGES = ("core", "data", "models", "checkpoint", "distributed", "guard", "train", "config",
-            "door", "widgets", "control", "session", "cli", "top")
+            "door", "autopilot", "widgets", "control", "session", "cli", "top")
 # The front-ends' packages: below them, no front-end library is imported at module level.
 FRONT_ENDS = ("widgets", "cli", "top")
 

@@ -9,12 +9,14 @@ it can be tested without a terminal or a browser.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.door.values import ENDED, Status
+from workbench.door.endings import describe_end, describe_end_record
+from workbench.door.values import ENDED, Status, goodput_line
 from workbench.door.values import is_timing_metric
 
 __all__ = [
@@ -25,6 +27,8 @@ __all__ = [
     "MemoryRow",
     "fmt_number",
     "fmt_lr",
+    "edit_text",
+    "fmt_plain",
     "fmt_duration",
     "fmt_clock",
     "fmt_bytes",
@@ -36,12 +40,18 @@ __all__ = [
     "lower_is_better",
     "metric_rows",
     "memory_rows",
+    "GRADS_FREED",
     "describe_event",
+    "elapsed_text",
     "summary_lines",
     "progress_line",
     "GUARD_COLORS",
     "intervention_cells",
     "describe_intervention",
+    "SAMPLE_EVENT",
+    "SampleAnswer",
+    "SampleBook",
+    "answer_text",
 ]
 
 Point = tuple[int, float]
@@ -68,6 +78,25 @@ def fmt_number(value: float | int | None, digits: int = 4) -> str:
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     return f"{value:.{digits}g}"
+
+
+def fmt_plain(value: Any) -> str:
+    """A value as a person types it: 1e-4 (not 0.0001 or 1.00e-04), 0.003, 200, True, text
+    as it is; a mapping as "key value, ..." and a list comma-separated (ctl's replies)."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value) or value == 0:
+            return str(value)
+        if abs(value) < 1e-2 or abs(value) >= 1e6:
+            mantissa, _, exponent = f"{value:.3e}".partition("e")
+            return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {fmt_plain(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(fmt_plain(v) for v in value)
+    return str(value)
 
 
 def fmt_lr(value: float | None) -> str:
@@ -246,6 +275,10 @@ class MemoryRow:
     note: str = ""
 
 
+# What the gradient figures say between steps, where the loop has freed them.
+GRADS_FREED = "freed after each step (zero_grad set_to_none)"
+
+
 def memory_rows(report: Any) -> list[MemoryRow]:
     """Bars for a ``MemoryUsage`` (workbench.door.values).
 
@@ -257,9 +290,17 @@ def memory_rows(report: Any) -> list[MemoryRow]:
     if report is None:
         return []
     model_total = report.parameters + report.gradients + report.optimizer_state
+    frozen = getattr(report, "frozen_parameters", 0) or 0
+    params = ([MemoryRow("trained", report.parameters - frozen, model_total),
+               MemoryRow("frozen", frozen, model_total, note="no grads, no optimizer state")]
+              if frozen else [MemoryRow("params", report.parameters, model_total)])
+    # Between steps the loop frees the gradients (zero_grad(set_to_none=True), as HF does): a
+    # reading taken there has none, which is said, not drawn as an empty "0 B" bar.
+    freed = report.gradients == 0 and report.parameters - frozen > 0
     rows = [
-        MemoryRow("params", report.parameters, model_total),
-        MemoryRow("grads", report.gradients, model_total),
+        *params,
+        MemoryRow("grads", None, model_total, note=GRADS_FREED) if freed
+        else MemoryRow("grads", report.gradients, model_total),
         MemoryRow("optim", report.optimizer_state, model_total),
     ]
     if report.device_peak is not None:
@@ -290,6 +331,22 @@ def _short(name: str) -> str:
     return name if name == "eval_loss" else name.removeprefix("eval_")
 
 
+# The arguments of each schedule change, in the order a label shows them (core/schedule_edits.py).
+_SCHEDULE_ARGS = {"decay_now": ("steps", "to", "shape"), "extend": ("max_steps",), "rewarm": ("steps", "peak", "shape"),
+                  "scale_peak": ("factor",)}
+
+
+def edit_text(key: str, value: Any) -> str:
+    """One edited value as the front-ends show it: a number compactly, a schedule change as
+    its operation and arguments (``decay_now steps=200 to=min_lr shape=cosine``)."""
+    if key == "schedule" and isinstance(value, dict):
+        op = value.get("op")
+        args = " ".join(f"{k}={fmt_number(value[k]) if isinstance(value[k], float) else value[k]}"
+                        for k in _SCHEDULE_ARGS.get(op, ()) if k in value)
+        return f"{op} {args}".strip()
+    return fmt_number(value) if isinstance(value, float) else str(value)
+
+
 def describe_event(kind: str, step: int, data: dict[str, Any]) -> tuple[str, str] | None:
     """(level, text) for the event log, or None for events that would only be noise.
 
@@ -311,8 +368,7 @@ def describe_event(kind: str, step: int, data: dict[str, Any]) -> tuple[str, str
     if kind == "resumed":
         return "info", f"step {step}: resumed"
     if kind == "edited":
-        changes = " ".join(f"{k}={fmt_number(v) if isinstance(v, float) else v}" for k, v in data.items()
-                           if k != "reason")
+        changes = " ".join(f"{k}={edit_text(k, v)}" for k, v in data.items() if k != "reason")
         why = f" ({data['reason']})" if data.get("reason") else ""  # an agent's decision says why
         return "info", f"step {step}: set {changes}{why}"
     if kind == "started":
@@ -321,18 +377,24 @@ def describe_event(kind: str, step: int, data: dict[str, Any]) -> tuple[str, str
         return "warn", f"deleted {Path(str(data.get('checkpoint', ''))).name}"
     if kind == "resume_from":
         return "info", f"resuming from {Path(str(data.get('checkpoint', ''))).name}"
-    if kind == "finished":
-        code = f" (exit code {data['exit_code']})" if data.get("exit_code") is not None else ""
-        if data.get("stopped"):
-            by = f" by {data['stop_reason']}" if data.get("stop_reason") else ""
-            return "warn", f"step {step}: stopped{by}{code}"
-        return "good", f"step {step}: finished{code}"
+    if kind == "finished":  # a live run's last event, or a recorded run's end record (watch)
+        text = describe_end_record({**data, "step": step})
+        return ("good" if text.startswith("finished") else "warn"), text
     if kind == "failed":
         return "error", f"step {step}: failed: {data.get('error', '')}"
     if kind in ("gone", "followed"):  # an attached run ended without a last word / was restarted
         return ("error" if kind == "gone" else "info"), str(data.get("note", kind))
     if kind == "warning":
         return "warn", f"step {step}: {data.get('message', '')}"
+    if kind == SAMPLE_EVENT:
+        return None  # the samples panel (dashboard) and tab (notebook) show them, by prompt
+    if kind == "hang":
+        where = "sends no heartbeat" if data.get("silent") else f"stuck in {data.get('phase')}"
+        return "error", (f"hang: rank {data.get('rank')} {where} at step {data.get('stalled_step')} for "
+                         f"{fmt_duration(data.get('seconds'))}; stacks in {data.get('folder')}")
+    if kind == "straggler":
+        return "warn", (f"step {step}: straggler: rank {data.get('rank')} takes {data.get('factor')}x the other "
+                        "ranks' time for its own work")
     return "info", f"step {step}: {kind}"
 
 
@@ -376,6 +438,27 @@ def describe_intervention(item: Any) -> tuple[str, str]:
     return "warn", f"step {step}: guard {kind} {value}: {action}, samples {samples}"
 
 
+def health_line(snapshot: Any) -> str:
+    """Where the time goes and how fast, from a snapshot's ``health`` (door/values.py):
+    "goodput 93%: data 4%, eval 2% · MFU 41%", or the hang, first, when there is one."""
+    health = getattr(snapshot, "health", None) or {}
+    hang = health.get("hang")
+    parts = []
+    if hang:
+        where = "silent" if hang.get("silent") else f"in {hang.get('phase')}"
+        parts.append(f"HANG: rank {hang.get('rank')} {where} at step {hang.get('stalled_step')} for "
+                     f"{fmt_duration(hang.get('seconds'))}; stacks in {hang.get('folder')}")
+    if health.get("ledger"):
+        parts.append(goodput_line(health["ledger"]))
+    rates = health.get("throughput") or {}
+    if rates.get("mfu") is not None:
+        parts.append(f"MFU {rates['mfu']:.0%}")
+    stragglers = (health.get("stragglers") or {}).get("ranks") or []
+    if stragglers:
+        parts.append("straggler: " + ", ".join(f"rank {s['rank']} {s['factor']}x" for s in stragglers))
+    return " · ".join(parts)
+
+
 def progress_line(snapshot: Any) -> str:
     """"step 120/300 · epoch 1.60 · 410 samples/s · 52k tokens/s · ETA 5s"."""
     parts = [f"step {snapshot.step}/{snapshot.max_steps or '?'}"]
@@ -389,11 +472,23 @@ def progress_line(snapshot: Any) -> str:
     return " · ".join(parts)
 
 
+def elapsed_text(snapshot: Any) -> str:
+    """"elapsed 1:23" of training time, with the time spent paused apart: "elapsed 1:23
+    (paused 0:45)" (the elapsed clock stops while paused, so it never jumps back)."""
+    paused = getattr(snapshot, "paused", 0.0) or 0.0
+    return f"elapsed {fmt_clock(snapshot.elapsed)}" + (f" (paused {fmt_clock(paused)})" if paused >= 1 else "")
+
+
 def summary_lines(snapshot: Any, with_time: bool = True) -> list[str]:
-    """What stays on screen after the run, in this order: the outcome, the error (if any),
-    the best (or newest) checkpoint, the final metrics, where the files are."""
-    outcome = f"{snapshot.status} at step {snapshot.step}/{snapshot.max_steps}"
-    lines = [outcome + (f" after {fmt_duration(snapshot.elapsed)}" if with_time else "")]
+    """What stays on screen after the run, in this order: the outcome (who stopped it, in
+    door/endings.py's words), the error (if any), the best (or newest) checkpoint, the final
+    metrics, where the files are."""
+    status = getattr(snapshot.status, "value", snapshot.status)
+    reason = getattr(snapshot, "stop_reason", None)
+    outcome = describe_end(status, reason, f"{snapshot.step}/{snapshot.max_steps}", saved=None)
+    paused = getattr(snapshot, "paused", 0.0) or 0.0
+    took = f" after {fmt_duration(snapshot.elapsed)}" + (f" (paused {fmt_duration(paused)})" if paused >= 1 else "")
+    lines = [outcome + (took if with_time else "")]
     if snapshot.error:
         lines.append(f"error: {snapshot.error}")
     best = next((c for c in snapshot.checkpoints if getattr(c, "best", False)), None)
@@ -410,3 +505,63 @@ def summary_lines(snapshot: Any, with_time: bool = True) -> list[str]:
         lines.append(f"files in {snapshot.output_dir}")
     return lines
 
+
+
+# -- samples: answers to fixed prompts as the run trains --------------------------------------
+
+SAMPLE_EVENT = "sampled"  # a SessionEvent per prompt and sample point: {prompt, answer, tokens}
+
+
+@dataclass(frozen=True)
+class SampleAnswer:
+    """One answer to a prompt: the step whose weights gave it, its text, its new tokens."""
+
+    step: int
+    answer: str
+    tokens: int | None = None
+
+
+class SampleBook:
+    """The samples a run took (``sampled`` events), gathered by prompt for both front-ends:
+    prompts in the order first seen, each one's answers newest first (the order they came,
+    reversed: a resumed run may sample an earlier step again). The newest ``per_prompt``
+    answers of each prompt are kept."""
+
+    def __init__(self, per_prompt: int = 100) -> None:
+        self.per_prompt = per_prompt
+        self._answers: dict[str, deque[SampleAnswer]] = {}
+        self.count = 0  # answers added in all (a front-end redraws when it changes)
+
+    def add(self, kind: str, step: int, data: dict[str, Any]) -> bool:
+        """Keep the answer of a ``sampled`` event; False (nothing kept) for any other event."""
+        prompt, answer = data.get("prompt"), data.get("answer")
+        if kind != SAMPLE_EVENT or not isinstance(prompt, str) or not isinstance(answer, str):
+            return False
+        tokens = data.get("tokens")
+        kept = self._answers.setdefault(prompt, deque(maxlen=self.per_prompt))
+        kept.appendleft(SampleAnswer(step, answer, tokens if isinstance(tokens, int) else None))
+        self.count += 1
+        return True
+
+    def clear(self) -> None:
+        """Forget every answer (the front-end follows another run)."""
+        self._answers.clear()
+        self.count = 0
+
+    def prompts(self) -> list[tuple[str, list[SampleAnswer]]]:
+        """(prompt, answers newest first) for each prompt, in the order first seen."""
+        return [(prompt, list(answers)) for prompt, answers in self._answers.items()]
+
+    def __bool__(self) -> bool:
+        return bool(self._answers)
+
+
+def answer_text(text: str, limit: int | None = None) -> str:
+    """An answer on one line: line breaks shown as ``↵``, cut to ``limit`` characters with "…";
+    an answer of white space only is said to be one, never shown as nothing."""
+    shown = text.replace("\r\n", "\n").replace("\n", "↵")
+    if not shown.strip():
+        return f"(only white space: {len(text)} characters)" if text else "(empty)"
+    if limit is not None and len(shown) > limit:
+        shown = shown[:max(limit - 1, 0)] + "…"
+    return shown

@@ -43,7 +43,7 @@ def test_cli_init_run_refuse_resume_overwrite_checkpoints(tmp_path):
     elsewhere.mkdir()
     run = workbench("run", config, "--headless", *TINY_STARTER, cwd=elsewhere)
     assert run.returncode == 0, run.stderr
-    out = tmp_path / "runs" / "tiny-gpt"
+    out = tmp_path / "runs" / "cfg"  # the starter's output_dir follows the config's name
     lines = run.stdout.splitlines()
     progress = [line for line in lines if line.startswith("step ")]
     assert progress, run.stdout

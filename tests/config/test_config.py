@@ -38,7 +38,7 @@ def test_unknown_top_level_key_did_you_mean(tmp_path):
 
 def test_unknown_top_level_table_lists_choices(tmp_path):
     p = write(tmp_path, HEAD + "[extras]\nx = 1\n")
-    assert error_of(p) == f"{p}:6: extras: unknown key (expected one of: run_name, model, data, training, hooks, guard)"
+    assert error_of(p) == f"{p}:6: extras: unknown key (expected one of: run_name, model, data, training, hooks, guard, samples, health)"
 
 
 def test_unknown_training_key_did_you_mean(tmp_path):

@@ -273,11 +273,22 @@ def test_starter_config_validates_and_every_option_is_commented(tmp_path):
     assert "vocab_size" not in config.model.options
     assert config.data.options == {"block_size": 128, "max_chars": 400000}
     assert (args.max_steps, args.learning_rate, args.warmup_steps, args.eval_on_start) == (300, 3e-3, 0.1, True)
-    assert args.output_dir == str(tmp_path / "runs" / "tiny-gpt") and args.report_to == ["jsonl"]
+    assert args.output_dir == str(tmp_path / "runs" / "workbench") and args.report_to == ["jsonl"]
     option_lines = [ln for ln in text.splitlines() if ln and not ln.startswith(("#", "["))]
     assert option_lines and all("#" in ln for ln in option_lines)
     assert "# [hooks]" in text and "data_files" in text
     assert (config.guard.nonfinite, config.guard.spike, config.guard.max_interventions) == ("skip", "rollback", 5)
+
+
+def test_starter_config_names_its_file_and_its_output_dir_follows_the_name(tmp_path):
+    """`workbench init my-run.toml`: the header says `workbench run my-run.toml`, and the run
+    trains into runs/my-run, not the demo's runs/tiny-gpt (issue 29, item 9)."""
+    text = starter_config_text(file="my-run.toml")
+    assert text.splitlines()[0].startswith("# workbench starter config (my-run.toml): `workbench run my-run.toml`")
+    config = config_from_dict(tomllib.loads(text), base_dir=tmp_path)
+    assert config.run_name == "my-run" and config.training.output_dir == str(tmp_path / "runs" / "my-run")
+    odd = config_from_dict(tomllib.loads(starter_config_text(file='a "quoted" run.toml')), base_dir=tmp_path)
+    assert odd.training.output_dir == str(tmp_path / "runs" / "a-quoted-run")
 
 
 def test_config_from_dict_reports_its_source(tmp_path):
@@ -362,7 +373,8 @@ def test_data_preparation_keys_are_read_and_paths_resolved(tmp_path):
     ('text_column = "t"\nmax_length = "64"\n', '6: data.max_length: expected a positive integer (tokens), got "64" (a string)'),
     ('text_column = "t"\npacking = "yes"\n', '6: data.packing: expected true or false, got "yes" (a string)'),
     ('text_column = "t"\npacking = true\n', "6: data.packing: needs max_length (the block size in tokens)"),
-    ('max_length = 64\n', "5: data.max_length: applies when tokenizing: set text_column (the column of text to tokenize)"),
+    ('max_length = 64\n', "5: data.max_length: applies when tokenizing: set text_column (the column of text to tokenize) "
+                          'or format ("messages" or "prompt-completion" rows)'),
     ('tokenizer = "nowhere"\n', "5: data.tokenizer: folder 'nowhere' does not exist; use \"char\" for the built-in "
                                 "character tokenizer or a local transformers tokenizer folder"),
     ('text_colum = "t"\n', "5: data.text_colum: unknown key (did you mean text_column?)"),

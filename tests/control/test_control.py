@@ -319,7 +319,9 @@ def test_a_client_hears_how_the_run_ended_and_follows_its_restart(tmp_path, sess
     assert (events[0].data["stop_reason"], events[0].data["exit_code"]) == ("session", 0)
     assert remote.events_since(cursor) == ([], cursor)  # said once
     assert remote.status == Status.STOPPED and remote.stop_reason == "session"
-    assert remote.end_note() == f"the run stopped by session at step {step} (checkpoint saved), exit code 0"
+    # In the words every front-end uses (door/endings.py): who stopped it, not "session".
+    assert remote.end_note() == f"the run stopped from Python (session.stop()) at step {step}, checkpoint saved " \
+                                "(exit code 0)"
 
     from workbench import Session
 
@@ -348,7 +350,7 @@ def test_a_run_gone_without_an_end_is_reported_as_killed(tmp_path):
     log.write("start", 0, max_steps=10, pid=41)
     log.write("end", 10, status="finished", stop_reason=None, saved=True, exit_code=0, pid=41)
     assert last_outcome(tmp_path)["exit_code"] == 0
-    assert end_note(tmp_path, 41) == "the run finished at step 10, exit code 0"
+    assert end_note(tmp_path, 41) == "the run finished at step 10 (exit code 0)"
     # pid 42 was killed before its first record: its predecessor's end is not its own
     assert end_note(tmp_path, 42).startswith("the run (pid 42) is gone without recording how it ended")
     log.write("start", 10, max_steps=20, pid=43)  # resumed, then SIGKILLed: no end after this start
@@ -356,7 +358,7 @@ def test_a_run_gone_without_an_end_is_reported_as_killed(tmp_path):
     assert last_outcome(tmp_path) is None and last_outcome(tmp_path, 43) is None
     assert end_note(tmp_path, 43).startswith("the run (pid 43) is gone without recording how it ended")
     log.write("error", 12, error="ValueError: bad batch", exit_code=1, pid=43)
-    assert end_note(tmp_path, 43) == end_note(tmp_path) == "the run failed at step 12, exit code 1"
+    assert end_note(tmp_path, 43) == end_note(tmp_path) == "the run failed at step 12 (exit code 1)"
 
 
 def test_attached_dashboard_resumes_a_headless_run_from_a_checkpoint_in_its_process(tmp_path):

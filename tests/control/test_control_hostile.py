@@ -119,7 +119,9 @@ def _valid(tmp_path: Path, checkpoint: str) -> dict[str, dict]:
             "check_branch": {"checkpoint": checkpoint, "output_dir": branch},
             "checkpoints list": {}, "checkpoints delete": {"name": checkpoint},
             "checkpoints resume_from": {"checkpoint": checkpoint},
-            "checkpoints branch": {"checkpoint": checkpoint, "output_dir": branch}}
+            "checkpoints branch": {"checkpoint": checkpoint, "output_dir": branch},
+            "fork": {"variants": {"a": {}}, "steps": 2}, "fork_cost": {"variants": {"a": {}}, "steps": 2},
+            "keep": {"name": "a"}}
 
 
 def _wrong_requests(valid: dict[str, dict]) -> list[tuple[str, dict, str]]:
@@ -303,6 +305,19 @@ def test_tcp_needs_the_token(tmp_path, sessions):
     remote = attach(f"127.0.0.1:{port}", token=info["token"])
     assert remote.status == session.status
     assert attach(out).snapshot().output_dir == str(out)  # through control.json, token included
+
+
+def test_every_token_passes_through_the_command_line():
+    """A token is typed after ``--token``: one that began with ``-`` read as an option (CI met one)."""
+    from workbench.cli.usage import make_parser
+    from workbench.control.server import new_token
+
+    parser = make_parser()
+    for _ in range(500):
+        token = new_token()
+        assert not token.startswith("-") and len(token) >= 32
+        args = parser.parse_args(["ctl", "127.0.0.1:9", "status", "--token", token])
+        assert args.token == token
 
 
 @pytest.fixture

@@ -68,8 +68,21 @@ def test_ctl_steers_a_headless_run(tmp_path):
         bad = workbench("ctl", out, "set", "learning_rate=fast", cwd=tmp_path)
         assert bad.returncode == 2 and "learning_rate" in bad.stderr
         assert workbench("ctl", out, "launch", cwd=tmp_path).returncode == 2
+        # For people: values as typed, not a dict's repr; a typo gets its fix named (issue 29).
         edited = workbench("ctl", out, "set", "learning_rate=1e-4", cwd=tmp_path)
         assert edited.returncode == 0, edited.stderr
+        assert edited.stdout == "applied: learning_rate 1e-4\n"
+        typo = workbench("ctl", out, "set", "learnig_rate=1e-4", cwd=tmp_path)
+        assert typo.returncode == 2 and "(did you mean learning_rate?)" in typo.stderr
+        mistyped = workbench("ctl", out, "stauts", cwd=tmp_path)
+        assert mistyped.returncode == 2 and "(did you mean status?)" in mistyped.stderr
+        for word in ("eval", "evaluate"):  # both names work
+            evaluated = workbench("ctl", out, word, cwd=tmp_path)
+            assert evaluated.returncode == 0 and evaluated.stdout.startswith("metrics: eval_loss "), evaluated
+            assert "{" not in evaluated.stdout and "runtime" not in evaluated.stdout
+        missing = workbench("ctl", out, "checkpoints", "delete", "checkpoint-999", cwd=tmp_path)
+        assert missing.returncode == 2 and f"'workbench checkpoints {out}'" in missing.stderr
+        assert "session.checkpoints" not in missing.stderr  # the CLI's command, not the Python API
         saved = workbench("ctl", out, "save", "--json", cwd=tmp_path)
         assert saved.returncode == 0, saved.stderr
         checkpoint = Path(json.loads(saved.stdout)["checkpoint"])
@@ -89,11 +102,22 @@ def test_ctl_steers_a_headless_run(tmp_path):
     assert len(saves) == 2 and saves[0] == checkpoint.name  # the ctl save, then the stop's checkpoint
     end = events[-1]
     assert end["event"] == "end" and end["status"] == "stopped"
-    assert (end["stop_reason"], end["saved"], end["exit_code"]) == ("session", True, 0)
+    assert (end["stop_reason"], end["saved"], end["exit_code"]) == ("ctl", True, 0)
     assert not (out / CONTROL_FILE).exists()
     gone = workbench("ctl", out, "status", cwd=tmp_path)
     assert gone.returncode == 3 and "no live run" in gone.stderr
-    assert f"the run stopped by session at step {end['step']} (checkpoint saved), exit code 0" in gone.stderr
+    stopped = f"stopped from workbench ctl at step {end['step']}"  # one wording (door/endings.py) everywhere
+    assert f"the run {stopped}, checkpoint saved (exit code 0)" in gone.stderr
+    assert f"workbench: {stopped}; checkpoint saved in {out}" in stderr
+    # The run's own output told what ctl did, with the step (issue 29, item 3).
+    told = [line for line in stderr.splitlines() if "from workbench ctl" in line]
+    assert [line.split(" from ")[0].removeprefix("workbench: ") for line in told] == [
+        "paused", "set learning_rate 1e-4", "evaluated", "evaluated", f"saved {checkpoint.name}", "resumed",
+        "stopping", "stopped"], told
+    assert all(" at step " in line for line in told if "saved checkpoint" not in line)
+    watched = workbench("watch", out, cwd=tmp_path)  # not a terminal: plain lines, no escape codes
+    assert watched.returncode == 0 and "\x1b" not in watched.stdout
+    assert watched.stdout.splitlines()[0].startswith(f"ctl: {stopped}/"), watched.stdout
 
 
 def test_a_client_tells_a_preempted_headless_run_and_follows_its_resume(tmp_path):
@@ -122,7 +146,7 @@ def test_a_client_tells_a_preempted_headless_run_and_follows_its_resume(tmp_path
         assert first.returncode == 143
         assert remote.status == Status.STOPPED and remote.stop_reason == "SIGTERM"
         note = remote.end_note()
-        assert note.startswith("the run stopped by SIGTERM at step") and note.endswith("exit code 143"), note
+        assert note.startswith("the run stopped by SIGTERM at step") and note.endswith("(exit code 143)"), note
         gone = workbench("ctl", out, "status", cwd=tmp_path)
         assert gone.returncode == 3 and "exit code 143" in gone.stderr
         stopped_at = read_events(out)[-1]["step"]
@@ -133,7 +157,7 @@ def test_a_client_tells_a_preempted_headless_run_and_follows_its_resume(tmp_path
         assert remote.stop(save=False) in (Status.STOPPING, Status.STOPPED)
         runs[1].communicate(timeout=120)
         assert runs[1].returncode == 130
-        assert remote.end_note().endswith("(not saved), exit code 130")
+        assert remote.end_note().endswith(", not saved (exit code 130)")
 
         runs.append(launch("--resume"))  # without enable_jit_checkpoint SIGTERM kills (as in HF)
         wait_until(lambda: remote.snapshot().status == Status.RUNNING, "the third run")

@@ -19,6 +19,7 @@ Run with ``pytest -s`` to see how many kill rounds ran and where they landed.
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import statistics
@@ -125,6 +126,18 @@ class KillStats:
                 f"delete; {self.finished_runs} resumed chains compared bitwise with the uninterrupted run")
 
 
+def save_in_flight(out: Path, run: Run, timeout: float) -> bool:
+    """Return as soon as ``out`` holds a checkpoint being written (``.tmp-checkpoint-*``), or
+    False after ``timeout`` seconds or once the run has exited."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and run.proc.poll() is None:
+        with os.scandir(out) as entries:
+            if any(entry.name.startswith(".tmp-checkpoint-") for entry in entries):
+                return True
+        time.sleep(0.0005)
+    return False
+
+
 def kill_campaigns(tmp_path: Path, kills_wanted: int, seed: int, save_async: bool = False) -> KillStats:
     rng = random.Random(seed)
     config = merged(FAULT_CONFIG, training={"save_async": True}) if save_async else FAULT_CONFIG
@@ -190,7 +203,12 @@ def kill_campaigns(tmp_path: Path, kills_wanted: int, seed: int, save_async: boo
                     assert code == 0, f"{tag}: exit {code}:\n{run.stderr}"
                     break
                 gap = statistics.median(save_gaps[-20:]) if save_gaps else 0.1
-                time.sleep(rng.uniform(0.0, 1.3 * gap))
+                if rng.random() < 0.3:
+                    # Aimed: the moment a checkpoint is being written (a save lasts milliseconds
+                    # here, so random moments alone hit one too rarely to rely on).
+                    save_in_flight(out, run, timeout=1.3 * gap + 2.0)
+                else:
+                    time.sleep(rng.uniform(0.0, 1.3 * gap))
                 phase = "training"
 
             if run.proc.poll() is not None:  # it finished (or failed) before the kill
@@ -391,7 +409,7 @@ def test_ctrl_c_saves_exits_130_and_resume_continues(tmp_path, signal_reference)
     run, _ = start_and_wait_for_training(config, out, tmp_path / "logs", "ctrl-c")
     run.proc.send_signal(signal.SIGINT)
     code = run.wait()
-    step = assert_stopped_with_checkpoint(out, run, code, 130, "interrupted")
+    step = assert_stopped_with_checkpoint(out, run, code, 130, "stopped by Ctrl-C")  # door/endings.py's words
     assert "Traceback" not in run.stderr
 
     run_to_completion(config, out, tmp_path / "logs", "ctrl-c-resume", "--resume")

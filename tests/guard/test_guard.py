@@ -78,7 +78,7 @@ def test_init_starter_config_guards_a_diverging_headless_run(tmp_path, capsys):
     sets = [arg for key, value in tiny.items() for arg in ("--set", f"{key}={value}")]
     assert main(["run", str(config), "--headless", *sets]) == 0
     stderr = capsys.readouterr().err
-    out = tmp_path / "runs" / "tiny-gpt"
+    out = tmp_path / "runs" / "cfg"  # the starter's output_dir follows the config's name
     events = read_events(out)
     guard_records = [e for e in events if e["event"] == "guard"]
     assert len(guard_records) >= 5

@@ -6,6 +6,7 @@ the guard first, and an empty ring rolling back from the newest checkpoint.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
@@ -173,3 +174,32 @@ def test_empty_ring_rolls_back_from_the_newest_checkpoint(tmp_path):
     assert disk.state.global_step == 12
     for a, b in zip(weights(memory), weights(disk)):
         assert torch.equal(a, b)
+
+
+def test_a_point_restored_twice_gives_the_same_state_both_times(tmp_path):
+    """Restoring hands the optimizer and the schedule copies: the steps after a first rollback
+    must not write into the point a second rollback to it reads (on the CPU, load_state_dict
+    keeps the tensors it is given)."""
+    from workbench.guard.ring import RollbackPoint
+
+    trainer, _ = run(tmp_path / "run", Poisoned(), None, max_steps=4, logging_steps=4)
+    model, optimizer = trainer.model, trainer.optimizer
+
+    def train_a_step() -> None:
+        loss = sum((p.float() ** 2).sum() for p in model.parameters())
+        loss.backward()
+        optimizer.step()
+        trainer.lr_scheduler.step()
+        optimizer.zero_grad()
+
+    point = RollbackPoint.take(trainer, {})
+    saved = copy.deepcopy((point.optimizer, point.scheduler))
+    for _ in range(2):
+        for _ in range(3):
+            train_a_step()
+        point.restore(trainer)
+        restored = optimizer.state_dict()
+        for key, state in saved[0]["state"].items():
+            for name, value in state.items():
+                assert torch.equal(torch.as_tensor(restored["state"][key][name]), torch.as_tensor(value)), name
+        assert trainer.lr_scheduler.state_dict()["last_epoch"] == saved[1]["last_epoch"]

@@ -30,8 +30,8 @@ from workbench.door.protocol import ENDED, CheckpointRow, SessionLike, Snapshot,
 from support import DEADLINE, REPO, Slow, finished_run, make_session, wait_until
 
 WIDGETS = REPO / "widgets"
-# What widgets/ may import from the core: the door and its value types.
-DOOR = ("workbench.door.protocol", "workbench.door.values")
+# What widgets/ may import from the core: the door, its value types and its words for how a run ended.
+DOOR = ("workbench.door.protocol", "workbench.door.values", "workbench.door.endings")
 
 
 # --------------------------------------------------------------------------- the door itself

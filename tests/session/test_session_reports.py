@@ -352,21 +352,21 @@ class OOMAtStep(torch.nn.Module):
         return {"logits": logits}
 
 
-def test_out_of_memory_writes_a_memory_report_before_the_error(tmp_path):
-    from workbench import Trainer, TrainingArguments
+def test_out_of_memory_past_recovery_writes_a_memory_report_and_stops_with_a_checkpoint(tmp_path):
+    from workbench import Health, Trainer, TrainingArguments
     from workbench.core.event_file import read_events
 
     train, _ = load_builtin_data("random-classification", n_train=64)
     model = OOMAtStep()
     args = TrainingArguments(str(tmp_path), max_steps=5, per_device_train_batch_size=8, disable_tqdm=True,
                              save_strategy="no", report_to="none")
-    trainer = Trainer(model=model, args=args, train_dataset=train)
-    with pytest.raises(torch.OutOfMemoryError):
-        trainer.train()
+    trainer = Trainer(model=model, args=args, train_dataset=train, health=Health(oom_retries=0))
+    trainer.train()
     events = read_events(tmp_path)
     kinds = [e["event"] for e in events]
-    assert kinds[-2:] == ["oom", "error"]
-    oom = events[-2]
+    assert kinds.index("oom") < kinds.index("save") and kinds[-1] == "end" and trainer.state.global_step == 2
+    oom = events[kinds.index("oom")]
+    assert "out of memory in forward again after 0 recoveries" in oom["reason"]
     expected = sum(p.numel() * p.element_size() for p in model.parameters())
     assert oom["parameters"] == expected and oom["step"] == 2
     assert oom["optimizer_state"] > 0 and oom["host_rss"] > 0

@@ -417,7 +417,7 @@ def test_guard_interventions_are_marked_on_the_loss_chart_and_listed(tmp_path):
         panel.refresh()
         assert panel.loss_chart.marked() == [(3, GUARD_COLORS["nonfinite"]), (10, GUARD_COLORS["spike"])]
         assert sent and "x" in sent[-1]  # the marks reached the browser side
-        assert panel.tabs.titles[-1] == "Guard (2)"
+        assert panel.tabs.titles[5] == "Guard (2)"
         table = panel.guard.value
         assert table.index(">10<") < table.index(">3<")  # newest first
         for step in (2, 9):

@@ -17,7 +17,8 @@ nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
 NOTEBOOKS = sorted((REPO / "sample_notebooks").glob("*.ipynb"))
-EXPECTED = ["01-quickstart", "02-custom-loss-and-metrics", "03-checkpoints", "04-transformers-model"]
+EXPECTED = ["01-quickstart", "02-custom-loss-and-metrics", "03-checkpoints", "04-transformers-model",
+            "05-steer-and-fork"]
 
 
 def test_the_sample_notebooks_are_there_and_have_no_outputs():

@@ -45,6 +45,10 @@ def test_notebook_runs_top_to_bottom(name, tmp_path, capsys):
             assert "SKIPPED: transformers is not installed" in text and "pip install 'workbench[hf]'" in text
         else:
             assert "reloaded with from_pretrained" in text
+    elif name == "05-steer-and-fork":
+        assert "the autopilot proposes lr_scale=0.5" in text and "the cooldown would end at step" in text
+        assert "kept " in text and "finished at step 400" in text
+        assert widgets, "the panel must be displayed as a widget"
     # the repository's copy is untouched (outputs stay out of version control)
     stored = json.loads((REPO / "sample_notebooks" / f"{name}.ipynb").read_text())
     assert all(not c.get("outputs") for c in stored["cells"] if c["cell_type"] == "code")

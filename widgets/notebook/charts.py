@@ -34,6 +34,7 @@ class Trace:
     color: str
     axis: str = "left"
     marker: str | None = None
+    dashed: bool = False  # a planned curve (the learning rate to come), not a measured one
 
 
 def _label_offset(tick_format: str | None) -> str:
@@ -68,6 +69,7 @@ class LiveChart:
                 scales={"x": self.x_scale, "y": self.y_scales[trace.axis]},
                 colors=[trace.color], labels=[trace.label], display_legend=True,
                 marker=trace.marker, marker_size=36, stroke_width=2,
+                line_style="dashed" if trace.dashed else "solid",
             )
         # Vertical marks span the plot's height on a fixed 0..1 scale of their own: a step
         # with a NaN loss has no y value to place a point at.

@@ -27,9 +27,11 @@ import ipywidgets as w
 
 from workbench.door.protocol import SessionLike, Status
 from workbench.door.values import is_timing_metric
-from workbench.widgets.view import GUARD_COLORS, fmt_lr, fmt_number
+from workbench.widgets.view import GUARD_COLORS, SampleBook, fmt_lr, fmt_number
 
+from .autopilot import AutopilotTab
 from .charts import LiveChart, Trace
+from .steer import ForkTab, ScheduleTab
 from .tables import (
     checkpoints_html,
     error_html,
@@ -40,6 +42,7 @@ from .tables import (
     memory_html,
     metrics_html,
     notice_html,
+    samples_html,
     status_html,
     terminal,
 )
@@ -64,11 +67,15 @@ class Panel(w.VBox):
     Evaluate, Stop and the learning-rate field with Apply; a notice line answering the last
     button press; the error area (hidden until the run fails); two charts side by side
     (train/eval loss; learning rate and grad norm); tabs Metrics, Memory, Checkpoints
-    (resume from, delete, branch), Events, Guard (the guard's interventions, also marked on the
-    loss chart); and below, the panels of runs branched from here.
+    (resume from, delete, branch), Events, Samples (each prompt of the run's ``[samples]``,
+    then its answers newest first), Guard (the guard's interventions, also marked on the
+    loss chart); and below, the panels of runs branched from here. With ``autopilot`` (an
+    Autopilot steering the run from this kernel), a last tab lists its decisions and lets a
+    person accept or reject its proposals.
     """
 
-    def __init__(self, session: SessionLike, interval: float = MIN_INTERVAL, autostart: bool = True) -> None:
+    def __init__(self, session: SessionLike, interval: float = MIN_INTERVAL, autostart: bool = True,
+                 autopilot: Any = None) -> None:
         """Build the widgets and start the observer (``autostart=False`` leaves refreshes to the caller)."""
         if not isinstance(interval, (int, float)) or not math.isfinite(interval) or interval < MIN_INTERVAL:
             raise ValueError(f"interval: at least {MIN_INTERVAL} s (the panel refreshes at most 4 times a second)")
@@ -113,6 +120,8 @@ class Panel(w.VBox):
                                     left_label="loss")
         self.lr_chart = LiveChart("Learning rate / grad norm",
                                   [Trace("learning_rate", "learning rate", "#2ca02c"),
+                                   Trace("lr_plan", "planned", "#2ca02c", dashed=True),
+                                   Trace("lr_preview", "after the change", "#ff7f0e", dashed=True),
                                    Trace("grad_norm", "grad norm", "#9467bd", axis="right")],
                                   left_label="learning rate", right_label="grad norm",
                                   tick_format={"left": ".1e"})
@@ -137,24 +146,33 @@ class Panel(w.VBox):
                                      "another output_dir, with a different learning rate if given")
         self.events = w.HTML()
         self.guard = w.HTML(interventions_html((), GUARD_COLORS))
+        self.sample_book = SampleBook()  # the run's answers to its prompts, from its sampled events
+        self._samples_drawn = -1  # the book's count when the Samples tab was drawn
+        self.samples = w.HTML()
         browser = w.VBox([self.checkpoints,
                           w.HBox([self.checkpoint_select, self.resume_button, self.delete_button],
                                  layout=w.Layout(flex_flow="row wrap", align_items="center")),
                           w.HBox([self.branch_dir, self.branch_lr, self.branch_button],
                                  layout=w.Layout(flex_flow="row wrap", align_items="center"))])
+        self.schedule = ScheduleTab(self)  # issue 28: changes of the schedule's shape, previewed
+        self.forks = ForkTab(self)  # issue 28: A/B forks from the pause
+        # issue 28: an autopilot's proposals (accept, reject) and decisions
+        self.autopilot = AutopilotTab(self, autopilot) if autopilot is not None else None
         self.tabs = w.Tab(children=[w.VBox([self.metrics, self.evaluations]), self.memory, browser, self.events,
-                                    self.guard])
-        self.tabs.titles = ("Metrics", "Memory", "Checkpoints", "Events", "Guard")
+                                    self.samples, self.guard, self.schedule.box, self.forks.box,
+                                    *([self.autopilot.box] if self.autopilot else [])])
+        self.tabs.titles = self._tab_titles(())
         self.branch_box = w.VBox()
 
         self._text_widgets = [self.status, self.progress, self.pause_button, self.save_button, self.evaluate_button,
                               self.stop_button, self.lr_field, self.notice, self.error, self.metrics,
                               self.evaluations, self.memory, self.checkpoints, self.checkpoint_select,
                               self.resume_button, self.delete_button, self.branch_button, self.events, self.guard,
-                              self.tabs]
+                              self.samples, self.tabs]
         self._owned: list[w.Widget] = [*self._text_widgets, self.lr_apply, self.branch_dir, self.branch_lr,
                                        controls, charts, browser, self.branch_box,
-                                       *browser.children[1:], *controls.children[4:5]]
+                                       *browser.children[1:], *controls.children[4:5], *self.schedule.widgets,
+                                       *self.forks.widgets, *(self.autopilot.widgets if self.autopilot else [])]
         self.pause_button.on_click(self._guard(self._on_pause))
         self.save_button.on_click(self._guard(self._on_save))
         self.evaluate_button.on_click(self._guard(self._on_evaluate))
@@ -212,6 +230,7 @@ class Panel(w.VBox):
             child.close()
         self.loss_chart.close()
         self.lr_chart.close()
+        self.forks.chart.close()
         for widget in self._owned:
             widget.close()
         super().close()
@@ -238,7 +257,7 @@ class Panel(w.VBox):
             snap = self.session.snapshot()
             self._adopt_successor()
             log_changed = self._drain_events()
-            if snap is self._last and not log_changed:
+            if snap is self._last and not log_changed and not (self.autopilot and self.autopilot.stale):
                 return
             self._last = snap
             widgets = [*self._text_widgets, *self.loss_chart.widgets, *self.lr_chart.widgets]
@@ -266,6 +285,9 @@ class Panel(w.VBox):
         changed = False
         events, self._cursor = self.session.events_since(self._cursor)
         for event in events:
+            if self.sample_book.add(event.kind, event.step, event.data):
+                changed = True  # shown in the Samples tab, not the event log
+                continue
             entry = event_entry(event)
             if entry is not None:
                 self._log.append(entry)
@@ -315,7 +337,10 @@ class Panel(w.VBox):
 
         series = snap.series
         self.loss_chart.update(series, snap.max_steps)
-        self.lr_chart.update(series, snap.max_steps)
+        self.forks.show(getattr(snap, "fork", None))  # a fork made here, in a script or by a remote client
+        # The plan for the rest of the run and a previewed change, dashed after the logged rate.
+        self.lr_chart.update({**series, "lr_plan": getattr(snap, "lr_plan", ()), "lr_preview": self.schedule.preview},
+                             max([snap.max_steps, *(p[0] for p in self.schedule.preview[-1:])]))
         if self._changed("series", series) | self._changed("best", (snap.best_metric, snap.best_step)):
             self.metrics.value = metrics_html(series, snap.best_metric, snap.best_step)
             self.evaluations.value = evaluations_html(series, snap.best_step)
@@ -332,11 +357,27 @@ class Panel(w.VBox):
         if log_changed:
             self.events.value = events_html(list(self._log))
         interventions = getattr(snap, "interventions", ())
+        if self.sample_book.count != self._samples_drawn:
+            self._samples_drawn = self.sample_book.count
+            self.samples.value = samples_html(self.sample_book)
         if self._changed("interventions", interventions):
             self.loss_chart.set_marks([(i.step, GUARD_COLORS.get(i.kind, "#888888")) for i in interventions])
             self.guard.value = interventions_html(interventions, GUARD_COLORS)
-            self.tabs.titles = ("Metrics", "Memory", "Checkpoints", "Events",
-                                f"Guard ({len(interventions)})" if interventions else "Guard")
+        if self.autopilot is not None:
+            self.autopilot.show()
+        titles = self._tab_titles(interventions)
+        if tuple(self.tabs.titles) != titles:
+            self.tabs.titles = titles
+
+    def _tab_titles(self, interventions: Any) -> tuple[str, ...]:
+        """The tabs' titles: the Samples and Guard tabs count what they list."""
+        prompts = len(self.sample_book.prompts())
+        titles = ("Metrics", "Memory", "Checkpoints", "Events", f"Samples ({prompts})" if prompts else "Samples",
+                  f"Guard ({len(interventions)})" if interventions else "Guard", "Schedule", "Fork")
+        if getattr(self, "autopilot", None) is None:
+            return titles
+        pending = self.autopilot.pending
+        return (*titles, f"Autopilot ({pending})" if pending else "Autopilot")
 
     def _update_checkpoint_options(self, checkpoints: Any) -> None:
         options = tuple((f"{c.name}{' ★' if c.best else ''}", c.path) for c in checkpoints if c.complete)
@@ -407,7 +448,7 @@ class Panel(w.VBox):
             self._set_notice("good", describe(result))
 
     def _on_stop(self) -> None:
-        status = self.session.stop(save=True)
+        status = self.session.stop(save=True, reason="notebook")
         self._set_notice("warn", "stopping: a checkpoint is saved at the next safe point"
                          if status == Status.STOPPING else f"nothing to stop: the run is {status}")
 

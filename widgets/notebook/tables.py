@@ -19,16 +19,19 @@ from workbench.door.values import is_timing_metric
 from workbench.widgets.view import (
     TERMINAL,
     TRAIN_SERIES,
+    SampleBook,
+    answer_text,
     describe_event,
     fmt_age,
     fmt_bytes,
-    fmt_clock,
+    elapsed_text,
     fmt_lr,
     fmt_number,
     intervention_cells,
     lower_is_better,
     memory_rows,
     metric_rows,
+    health_line,
     progress_line,
     status_label,
 )
@@ -46,6 +49,7 @@ __all__ = [
     "event_entry",
     "terminal",
     "interventions_html",
+    "samples_html",
 ]
 
 STATUS_COLORS = {
@@ -89,7 +93,7 @@ def status_html(snapshot: Any) -> str:
     badge = (f'<span class="wb-status" data-status="{_e(snapshot.status)}" style="background:{color};color:white;'
              f'border-radius:3px;padding:1px 7px;font-weight:600;letter-spacing:.04em">'
              f'{_e(status_label(snapshot.status))}</span>')
-    parts = [progress_line(snapshot), f"elapsed {fmt_clock(snapshot.elapsed)}"]
+    parts = [progress_line(snapshot), elapsed_text(snapshot)]
     loss = snapshot.latest("loss")
     if loss is not None:
         parts.append(f"loss {fmt_number(loss)}")
@@ -97,9 +101,13 @@ def status_html(snapshot: Any) -> str:
     if lr is not None:
         parts.append(f"lr {fmt_lr(lr)}")
     where = " · ".join(x for x in (snapshot.run_name, snapshot.device) if x)
+    health = health_line(snapshot)
+    warn = health.startswith("HANG")
+    health_html = (f'<div class="wb-health" style="{"color:#c00;font-weight:600" if warn else "opacity:.75"}">'
+                   f"{_e(health)}</div>" if health else "")
     return (f'<div class="wb-status-line" style="font-size:13px;line-height:1.8">{badge} '
             f'<span class="wb-progress" data-step="{snapshot.step}">{_e(" · ".join(parts))}</span>'
-            + (f" {_muted('(' + where + ')')}" if where else "") + "</div>")
+            + (f" {_muted('(' + where + ')')}" if where else "") + health_html + "</div>")
 
 
 def metrics_html(series: Mapping[str, Sequence[tuple[int, float]]], best_metric: float | None,
@@ -220,6 +228,25 @@ def interventions_html(interventions: Sequence[Any], colors: Mapping[str, str]) 
         rows.append(([_e(step), f'<span style="color:{color};font-weight:600">{_e(kind)}</span>', _e(action),
                       _e(value), _e(samples)], False))
     return _table(["step", "kind", "action", "loss", "samples"], rows, right_from=5)
+
+
+def samples_html(book: SampleBook, limit: int = 2000) -> str:
+    """The run's samples: each prompt, then its answers newest first with the step whose
+    weights gave them (line breaks kept; an answer cut at ``limit`` characters)."""
+    prompts = book.prompts()
+    if not prompts:
+        return _muted("no samples: a run samples with [samples] in its config or SamplesCallback(prompts=[...])")
+    out = []
+    for prompt, answers in prompts:
+        out.append(f'<div class="wb-sample-prompt" style="font-weight:600;margin:6px 0 2px">{_e(prompt)}</div>')
+        rows = []
+        for a in answers:
+            text = a.answer if a.answer.strip() else answer_text(a.answer)
+            text = text if len(text) <= limit else text[:limit - 1] + "…"
+            rows.append(([_e(a.step), f'<span style="white-space:pre-wrap">{_e(text)}</span>',
+                          _e(a.tokens if a.tokens is not None else "-")], False))
+        out.append(_table(["step", "answer", "tokens"], rows, right_from=2))
+    return '<div class="wb-samples" style="font-size:12px">' + "".join(out) + "</div>"
 
 
 def error_html(message: str | None, trace_text: str | None = None) -> str:

@@ -28,12 +28,14 @@ from textual.app import App
 from textual.binding import Binding
 
 from workbench.door.protocol import CheckpointRow, SessionLike, Snapshot, Status
-from workbench.widgets.view import TERMINAL, fmt_lr, fmt_number
+from workbench.widgets.view import TERMINAL, edit_text, fmt_lr, fmt_number
 
+from .autopilot import AutopilotScreen, AutopilotWatcher
 from .bridge import EventBridge, LogForwarder
 from .checkpoints import CheckpointsScreen
 from .dashboard import CHART_BUDGET, CHART_BUDGET_ATTACHED, DashboardScreen
 from .dialogs import QuitDialog
+from .fork import ForkScreen
 from .forms import EditForm
 from .help import HelpScreen
 from .inspect import InspectScreen
@@ -65,6 +67,10 @@ OUTCOMES = (
 
 # A run stopped by these signals ends the dashboard with the outcome their exit code goes with.
 _SIGNAL_OUTCOMES = {"SIGTERM": "terminated", "SIGHUP": "hangup"}
+# The stop reason of the dashboard's own stops: its quit dialog, or a signal it was sent.
+_STOP_REASONS = {"interrupted": "SIGINT", "terminated": "SIGTERM"}
+# The keys that steer the run (the app's actions they call): workbench watch hides them.
+_STEERING = frozenset({"toggle_pause", "save", "evaluate", "inspect", "edit", "fork"})
 
 
 class DashboardApp(App[str]):
@@ -86,9 +92,16 @@ class DashboardApp(App[str]):
 
     def __init__(self, session: SessionLike, *, autostart: bool = True, poll_interval: float | None = None,
                  frozen: bool = False, clock: Callable[[], float] = time.time,
-                 handle_signals: bool = False, attached: bool = False) -> None:
+                 handle_signals: bool = False, attached: bool = False, read_only: bool = False,
+                 autopilot: Any = None) -> None:
         super().__init__()
+        # An Autopilot (workbench.autopilot) steering this run from this process: its decisions
+        # are logged, o shows its proposals to accept or reject.
+        self.autopilot = autopilot
+        self._autopilot_view = AutopilotWatcher(autopilot)
         self.attached = attached  # the run lives elsewhere: leaving detaches, stopping is a choice
+        # workbench watch: nothing steers, so no steering key is offered (check_action) and q leaves
+        self.read_only = read_only
         self.session = session
         self.autostart = autostart
         if poll_interval is None:
@@ -119,6 +132,8 @@ class DashboardApp(App[str]):
             self.session.start()
         self.set_interval(self.poll_interval, self.poll)
         self.call_after_refresh(self.poll)
+        if self.read_only:
+            self.log_line("info", "read-only (workbench watch): steer the run with workbench attach or workbench ctl")
         if self.handle_signals:
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._on_sigterm)
 
@@ -158,6 +173,11 @@ class DashboardApp(App[str]):
             screen = self.screen
             if screen is not self.dashboard and isinstance(screen, CheckpointsScreen):
                 screen.show(snap, self.frozen)
+            elif isinstance(screen, ForkScreen):
+                screen.show(snap.fork)
+            elif isinstance(screen, QuitDialog):  # the step it names is the step a stop chosen now takes
+                screen.set_step(snap.step)
+        self._autopilot_view.poll(self)
         # The snapshot's status, not session.status: for a run in another process each of
         # those is a round trip, and this runs several times a second.
         ended = snap.status in TERMINAL
@@ -284,20 +304,42 @@ class DashboardApp(App[str]):
                 return
             changes, applied = result
             if isinstance(applied, Future):  # lands at the next step end; report a late refusal
-                shown = " ".join(f"{k}={fmt_lr(v) if k == 'learning_rate' else v}" for k, v in changes.items())
+                shown = " ".join(f"{k}={fmt_lr(v) if k == 'learning_rate' else edit_text(k, v)}"
+                                 for k, v in changes.items())
                 self.log_line("info", f"edit queued: {shown}")
                 self.run_command("edit", lambda: applied)
 
         self.push_screen(EditForm(self.session, self.session.snapshot()), done)
+
+    def action_fork(self) -> None:
+        """Open the fork screen: A/B variants from the pause, then keep one or discard."""
+        if not self._ended("fork") and not isinstance(self.screen, ForkScreen):
+            self.push_screen(ForkScreen())
+
+    def action_autopilot(self) -> None:
+        """Open the autopilot's proposals and decisions (given with ``autopilot=``)."""
+        if self.autopilot is not None and not isinstance(self.screen, AutopilotScreen):
+            self.push_screen(AutopilotScreen(self.autopilot))
 
     def action_help(self) -> None:
         """Show the key reference."""
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """A read-only dashboard (``workbench watch``) neither offers nor runs the steering keys."""
+        if self.read_only and action in _STEERING:
+            return False
+        if action == "autopilot":  # the o key exists with an autopilot only
+            return self.autopilot is not None
+        return True
+
     def action_request_quit(self) -> None:
-        """Quit at once when the run has ended; otherwise ask how to stop it."""
+        """Quit at once when the run has ended (or is only watched); otherwise ask how to stop it."""
         status = self.session.status
+        if self.read_only:
+            self.exit("detached" if status not in TERMINAL else self.outcome())
+            return
         if status in TERMINAL or status == Status.IDLE:
             self.exit(self.outcome())
             return
@@ -318,7 +360,8 @@ class DashboardApp(App[str]):
 
     def _stop_and_exit(self, outcome: str, save: bool) -> None:
         self._quitting = outcome
-        self.session.stop(save=save)
+        # Who stopped it, for the end record and every front-end's words (door/endings.py).
+        self.session.stop(save=save, reason=_STOP_REASONS.get(outcome, "dashboard"))
         self.log_line("warn", "stopping and saving…" if save else "stopping without saving…")
         self.poll()
 

@@ -16,7 +16,7 @@ from textual_plotext import PlotextPlot
 
 from workbench.widgets.view import GUARD_COLORS, Point, downsample, fmt_number, smooth
 
-__all__ = ["Chart", "LossChart", "RateChart", "step_ticks"]
+__all__ = ["Chart", "LossChart", "RateChart", "PlanChart", "step_ticks", "dashed"]
 
 
 def step_ticks(lo: int, hi: int, count: int = 5) -> list[int]:
@@ -38,6 +38,13 @@ def _sci(value: float) -> str:
 def _rgb(color: str) -> tuple[int, int, int]:
     """A "#rrggbb" colour as plotext's RGB tuple (its colour names follow the terminal theme)."""
     return int(color[1:3], 16), int(color[3:5], 16), int(color[5:7], 16)
+
+
+def dashed(points: Sequence[Point], width: int) -> list[Point]:
+    """``points`` thinned to ``width`` and cut into dashes (two points on, two off): plotext
+    draws no dashed lines, and a planned curve must not read as a measured one."""
+    thinned = [p for p in downsample(points, width) if math.isfinite(p[1])]
+    return [p for i, p in enumerate(thinned) if (i // 2) % 2 == 0]
 
 
 def _log_points(points: Sequence[Point]) -> list[Point]:
@@ -156,11 +163,13 @@ class LossChart(Chart):
 class RateChart(Chart):
     """Learning rate (left axis) and gradient norm (right axis) against steps."""
 
-    def show(self, series: dict[str, Sequence[Point]]) -> None:
-        """Draw ``series["learning_rate"]`` and ``series["grad_norm"]``."""
+    def show(self, series: dict[str, Sequence[Point]], plan: Sequence[Point] = ()) -> None:
+        """Draw ``series["learning_rate"]`` and ``series["grad_norm"]``, and ``plan`` (the
+        learning rate planned for the rest of the run) dashed after the logged rate."""
         lr = series.get("learning_rate", ())
         grad = series.get("grad_norm", ())
-        key = (lr, grad, self.size)
+        plan = tuple(plan)
+        key = (lr, grad, plan, self.size)
         if key == self._key:
             return
         self._key = key
@@ -169,10 +178,16 @@ class RateChart(Chart):
         width = self._max_points()
         lr_pts = [p for p in downsample(lr, width) if math.isfinite(p[1])]
         grad_pts = [p for p in downsample(grad, width) if math.isfinite(p[1])]
+        plan_pts = dashed(plan, width)
+        if plan_pts:
+            plt.scatter([p[0] for p in plan_pts], [p[1] for p in plan_pts], marker="braille", color="green",
+                        yside="left")
+        rates = lr_pts + plan_pts
         if lr_pts:
             plt.plot([p[0] for p in lr_pts], [p[1] for p in lr_pts], marker="braille", color="green",
                      yside="left")
-            lo, hi = min(p[1] for p in lr_pts), max(p[1] for p in lr_pts)
+        if rates:
+            lo, hi = min(p[1] for p in rates), max(p[1] for p in rates)
             ticks = [lo + (hi - lo) * i / 2 for i in range(3)] if hi > lo else [lo]
             plt.yticks(ticks, [_sci(t) for t in ticks], yside="left")
         if grad_pts:
@@ -183,6 +198,34 @@ class RateChart(Chart):
             lo, hi = min(p[1] for p in grad_pts), max(p[1] for p in grad_pts)
             ticks = [lo + (hi - lo) * i / 2 for i in range(3)] if hi > lo else [lo]
             plt.yticks(ticks, [f"{fmt_number(t, 2)} " for t in ticks], yside="right")
-        self.plotted = {"learning_rate": lr_pts, "grad_norm": grad_pts}
-        self._x_axis(lr_pts + grad_pts)
+        self.plotted = {"learning_rate": lr_pts, "grad_norm": grad_pts, "lr_plan": plan_pts}
+        self._x_axis(rates + grad_pts)
+        self.refresh()
+
+
+class PlanChart(Chart):
+    """The planned learning rate as it is (green) and as a change would make it (yellow),
+    both dashed: the edit form's preview, drawn before anything is applied."""
+
+    def show(self, now: Sequence[Point], proposed: Sequence[Point] = ()) -> None:
+        """Draw the current plan and, if given, the proposed one."""
+        key = (tuple(now), tuple(proposed), self.size)
+        if key == self._key:
+            return
+        self._key = key
+        self._begin()
+        plt = self.plt
+        width = self._max_points()
+        drawn: list[Point] = []
+        for points, color in ((now, "green"), (proposed, "yellow")):
+            pts = dashed(points, width)
+            if pts:
+                plt.scatter([p[0] for p in pts], [p[1] for p in pts], marker="braille", color=color)
+                drawn += pts
+        if drawn:
+            lo, hi = min(p[1] for p in drawn), max(p[1] for p in drawn)
+            ticks = [lo + (hi - lo) * i / 2 for i in range(3)] if hi > lo else [lo]
+            plt.yticks(ticks, [_sci(t) for t in ticks])
+        self.plotted = {"now": dashed(now, width), "proposed": dashed(proposed, width)}
+        self._x_axis(drawn)
         self.refresh()

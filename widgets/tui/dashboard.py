@@ -1,4 +1,5 @@
-"""The main screen: header, progress, loss and LR/grad-norm charts, metrics, memory, event log.
+"""The main screen: header, progress, loss and LR/grad-norm charts, the guard's steps, the
+run's samples, metrics, memory, event log.
 
 It owns no state about the run: the app hands it each new ``Snapshot`` (``show``) and each
 event (``log_event``), both on the app's loop. Keys here are the run's controls; they call
@@ -17,10 +18,20 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from workbench.widgets.view import GUARD_COLORS, TERMINAL, describe_event, describe_intervention
+from workbench.widgets.view import GUARD_COLORS, TERMINAL, SampleBook, describe_event, describe_intervention
 
 from .charts import LossChart, RateChart
-from .panels import EventPanel, GuardTable, MemoryPanel, MetricsTable, Parts, ProgressPanel, RunHeader, SummaryPanel
+from .panels import (
+    EventPanel,
+    GuardTable,
+    MemoryPanel,
+    MetricsTable,
+    Parts,
+    ProgressPanel,
+    RunHeader,
+    SamplesPanel,
+    SummaryPanel,
+)
 
 __all__ = ["DashboardScreen"]
 
@@ -47,8 +58,11 @@ class DashboardScreen(Parts, Screen):
         Binding("c", "app.checkpoints", "ckpts"),
         Binding("i", "app.inspect", "inspect"),
         Binding("l", "app.edit", "edit"),
+        Binding("f", "app.fork", "fork"),
         Binding("y", "toggle_log", "log-y"),
         Binding("m", "toggle_smooth", "smooth"),
+        Binding("a", "toggle_samples", "samples"),  # in the footer once the run has samples (check_action)
+        Binding("o", "app.autopilot", "autopilot"),  # with an autopilot only (the app's check_action)
         Binding("q", "app.request_quit", "quit"),
         Binding("question_mark", "app.help", "help", key_display="?"),
     ]
@@ -63,10 +77,14 @@ class DashboardScreen(Parts, Screen):
         self._pending: dict | None = None  # newer series waiting for the throttle
         self._chart_timer: Any = None
         self._snapshot: Any = None
+        self._plan: tuple = ()  # the planned learning rate last drawn (snapshot.lr_plan)
         self._backlog: list[tuple[str, str]] = []
         self._best: tuple[float | None, int | None] = (None, None)
         self._interventions: tuple = ()  # the guard's, as the charts and the table show them
         self._intervention_total = 0  # how many the guard made in all (the snapshot lists the newest)
+        self.samples = SampleBook()  # the run's answers to its prompts, from its sampled events
+        self.samples_hidden = False  # the user hid the samples panel (a)
+        self._samples_key = False  # whether the footer offers the a key (the run has samples)
 
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header")
@@ -76,6 +94,7 @@ class DashboardScreen(Parts, Screen):
             yield LossChart(id="loss-chart")
             yield RateChart(id="rate-chart")
         yield GuardTable(id="guard")
+        yield SamplesPanel(id="samples")
         with Horizontal(id="panels"):
             yield MetricsTable(id="metrics")
             yield MemoryPanel(id="memory")
@@ -92,6 +111,8 @@ class DashboardScreen(Parts, Screen):
         nan, spike = GUARD_COLORS["nonfinite"], GUARD_COLORS["spike"]
         self.query_one("#guard").border_title = f"guard: [{nan}]nan/inf[/] [{spike}]spike[/]"
         self.query_one("#guard").display = False  # until the guard acts
+        self.query_one("#samples").border_title = "samples [dim](a hides)[/]"
+        self._show_samples()  # hidden until the run has samples (events may have come first)
         if self._backlog:
             level, text = self._backlog.pop()
             self.log_line(level, text)
@@ -122,7 +143,7 @@ class DashboardScreen(Parts, Screen):
         else:
             progress.show(snapshot, frozen)
         self._best = (snapshot.best_metric, snapshot.best_step)
-        self.part(MemoryPanel).show(snapshot.memory, frozen)
+        self.part(MemoryPanel).show(snapshot.memory, frozen, ended=done)
         interventions = getattr(snapshot, "interventions", ())
         if interventions != self._interventions:
             self._show_interventions(interventions, snapshot.guard_interventions)
@@ -135,6 +156,8 @@ class DashboardScreen(Parts, Screen):
                 # Throttled: draw when the interval is over, even if no newer snapshot comes
                 # (a paused run publishes one snapshot after an evaluation, then none).
                 self._chart_timer = self.set_timer(wait, self._flush_charts)
+        elif getattr(snapshot, "lr_plan", ()) != self._plan and self._series is not None:
+            self._draw_charts()  # a schedule edit while paused: the series stay, the plan moves
 
     def _show_interventions(self, interventions: tuple, total: int) -> None:
         """List the guard's interventions, log the new ones and mark them on the loss chart
@@ -170,20 +193,28 @@ class DashboardScreen(Parts, Screen):
         self._draw_charts()
 
     def reset(self) -> None:
-        """Forget the drawn series (a resumed or branched run starts new ones)."""
+        """Forget the drawn series and the samples (a resumed or branched run starts new ones;
+        the app reads the run's events again from its first)."""
         self._series = self._pending = None
         self._chart_at = 0.0
+        self.samples.clear()
+        self._show_samples()
 
     def _draw_charts(self) -> None:
         # The metrics table follows the same series, so it keeps the charts' pace.
         series = self._series or {}
         self.part(LossChart).show(series, log_scale=self.log_scale, smoothing=self.smoothing,
                                        interventions=self._interventions)
-        self.part(RateChart).show(series)
+        self._plan = getattr(self._snapshot, "lr_plan", ())
+        self.part(RateChart).show(series, plan=self._plan)
         self.part(MetricsTable).show(series, *self._best)
 
     def log_event(self, kind: str, step: int, data: dict[str, Any]) -> None:
-        """Add a session event to the log (ordinary loss logs are left to the chart)."""
+        """Add a session event to the log (ordinary loss logs are left to the chart; samples
+        go to the samples panel)."""
+        if self.samples.add(kind, step, data):
+            self._show_samples()
+            return
         described = describe_event(kind, step, data)
         if described is not None:
             self.log_line(*described)
@@ -204,6 +235,33 @@ class DashboardScreen(Parts, Screen):
         # The charts pick their point count and ticks from their size.
         if self._series is not None:
             self.call_after_refresh(self._draw_charts)
+
+    def _show_samples(self) -> None:
+        """Show the samples panel with every answer, once the run has some and unless hidden."""
+        panels = self.query(SamplesPanel)
+        if not panels:
+            return  # not composed yet: on_mount shows what came
+        panel = panels.first()
+        shown = bool(self.samples) and not self.samples_hidden
+        if shown:
+            panel.show(self.samples)
+        if panel.display != shown:  # a display change is a layout pass: only on the switch
+            panel.display = shown
+        if bool(self.samples) != self._samples_key:
+            self._samples_key = bool(self.samples)
+            self.refresh_bindings()  # the a key appears in the footer with the first samples
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """The samples toggle exists (and shows in the footer) only once the run has samples."""
+        if action == "toggle_samples":
+            return bool(self.samples)
+        return True
+
+    def action_toggle_samples(self) -> None:
+        """Hide the samples panel, or show it again."""
+        self.samples_hidden = not self.samples_hidden
+        self._show_samples()
+        self.notify(f"samples {'hidden' if self.samples_hidden else 'shown'}", timeout=2)
 
     # -- chart toggles --------------------------------------------------------------------------
 

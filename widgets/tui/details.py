@@ -13,7 +13,7 @@ from typing import Any
 from rich.markup import escape
 
 from workbench.door.values import edit_changes, is_timing_metric
-from workbench.widgets.view import fmt_bytes, fmt_number
+from workbench.widgets.view import edit_text, fmt_bytes, fmt_number
 
 __all__ = ["checkpoint_details", "config_differences", "key_metrics"]
 
@@ -76,7 +76,7 @@ def checkpoint_details(info: Any, current_args: dict[str, Any] | None) -> list[s
     lines.append("")
     lines.append("[b]live edits[/b]")
     for edit in edits:
-        changes = ", ".join(f"{k}={_value(v)}" for k, v in edit_changes(edit).items())
+        changes = ", ".join(f"{k}={edit_text(k, v)}" for k, v in edit_changes(edit).items())
         why = f" [dim]({escape(str(edit['reason']))})[/]" if edit.get("reason") else ""
         lines.append(f"  step {edit.get('step', '?')}: {changes}{why}")
     if not edits:

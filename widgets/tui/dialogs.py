@@ -35,10 +35,22 @@ class QuitDialog(ModalScreen[str]):
         if attached:
             self.AUTO_FOCUS = "#quit-detach"
 
-    def compose(self) -> ComposeResult:
+    def _text(self) -> str:
         question = "Detach (the run goes on) or stop it?" if self.attached else "Stop it and quit?"
+        return f"The run is at step {self.step}. {question}"
+
+    def set_step(self, step: int) -> None:
+        """The run goes on while the dialog is open: show the step it is at now, which is
+        where a stop chosen now takes it (the app calls this on every poll)."""
+        if step != self.step:
+            self.step = step
+            texts = self.query("#quit-text")
+            if texts:
+                texts.first(Static).update(self._text())
+
+    def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(f"The run is at step {self.step}. {question}", classes="dialog-text")
+            yield Static(self._text(), classes="dialog-text", id="quit-text")
             with Horizontal(classes="dialog-buttons"):
                 if self.attached:
                     yield Button("Detach", id="quit-detach", variant="primary")

@@ -19,6 +19,8 @@ from textual.widgets import Button, Input, Label, Static
 from workbench.door.protocol import CheckpointRow, SessionLike, Snapshot
 from workbench.widgets.view import fmt_lr
 
+from .charts import PlanChart
+
 __all__ = ["EditForm", "BranchForm", "EDIT_FIELDS"]
 
 # (key, label): the live edits the form offers, in the order it shows them.
@@ -29,7 +31,9 @@ EDIT_FIELDS: tuple[tuple[str, str], ...] = (
     ("eval_steps", "eval every"),
     ("save_steps", "save every"),
     ("logging_steps", "log every"),
+    ("schedule", "or the schedule"),  # a change of its shape, as typed: "decay_now steps=200 to=min_lr"
 )
+SCHEDULE_HINT = "decay_now steps=200 [to=min_lr shape=cosine] | extend max_steps=N | rewarm steps=N peak=LR"
 
 
 class _Form(ModalScreen):
@@ -57,11 +61,11 @@ class _Form(ModalScreen):
     def submit(self) -> None:  # pragma: no cover - every form overrides it
         raise NotImplementedError
 
-    def buttons(self, ok: str) -> ComposeResult:
+    def buttons(self, ok: str, compact: bool = False) -> ComposeResult:
         yield Static("", classes="form-error")
         with Horizontal(classes="dialog-buttons"):
-            yield Button(ok, id="form-ok", variant="primary")
-            yield Button("Cancel", id="form-cancel")
+            yield Button(ok, id="form-ok", variant="primary", compact=compact)
+            yield Button("Cancel", id="form-cancel", compact=compact)
 
 
 class EditForm(_Form):
@@ -85,23 +89,52 @@ class EditForm(_Form):
             return "e.g. 0.5"
         if key == "max_steps" and snap is not None and snap.max_steps:
             return f"now {snap.max_steps}"
+        if key == "schedule":
+            return SCHEDULE_HINT
         return "unchanged"
 
     def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog form"):
+        # Compact (no gaps, one-line buttons): the form and its preview fit an 80x24 terminal.
+        with Vertical(classes="dialog form edit"):
             yield Static("Change hyperparameters (applied at the next step boundary)", classes="dialog-text")
             for key, label in EDIT_FIELDS:
                 with Horizontal(classes="form-row"):
                     yield Label(label, classes="form-label")
                     yield Input(placeholder=self._placeholder(key), id=f"edit-{key}", classes="form-input", compact=True)
-            yield from self.buttons("Apply")
+            with Horizontal(classes="form-row"):
+                yield Label("why (optional)", classes="form-label")
+                yield Input(placeholder="kept with the edit, e.g. eval loss flat for 3 evaluations", id="edit-reason",
+                            classes="form-input", compact=True)
+            yield Static("planned learning rate: [green]now[/] [yellow]after the schedule change[/] (dashed)",
+                         id="plan-title")
+            yield PlanChart(id="plan-chart")
+            yield from self.buttons("Apply", compact=True)
 
+    def on_mount(self) -> None:
+        self.preview("")
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "edit-schedule":
+            self.preview(event.value)
+
+    def preview(self, text: str) -> None:
+        """Draw the rest of the run's learning rate now and after the typed schedule change
+        (nothing is applied); a change the run would refuse shows its reason instead."""
+        try:
+            now = self.session.lr_plan()
+            proposed = self.session.lr_plan(text) if text.strip() else ()
+        except (ValueError, RuntimeError) as exc:
+            self.error(str(exc))
+            return
+        self.error("")
+        self.query_one(PlanChart).show(now, proposed)
     def submit(self) -> None:
         """Send the filled-in fields (empty ones keep their value); keep the form open on any refusal."""
         texts = {key: self.query_one(f"#edit-{key}", Input).value.strip() for key, _label in EDIT_FIELDS}
+        reason = self.query_one("#edit-reason", Input).value.strip() or None
         try:
             changes = self.session.validate_edits({key: text for key, text in texts.items() if text})
-            result = self.session.set(**changes)
+            result = self.session.set(**changes, **({"reason": reason} if reason else {}))
         except (ValueError, RuntimeError) as exc:
             self.error(str(exc))
             return

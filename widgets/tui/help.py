@@ -21,6 +21,12 @@ HELP_TEXT = """\
   i           inspect the paused model (pauses a running run first)
   y           loss chart: linear or log y axis
   m           loss chart: smoothing on or off
+  a           samples: hide or show the answers to the run's prompts
+              (the panel appears with the first ones; [samples])
+  f           fork: A/B variants from the pause, each trained on the
+              same batches; then keep one or discard the fork
+  o           autopilot (when one steers the run): its proposals and
+              decisions; y / enter accepts a proposal, n rejects it
   q           quit: stop and save (enter), stop without saving,
               or cancel (escape); a finished run quits at once
   ctrl+c      stop and save, then exit (twice: exit at once)
@@ -31,6 +37,13 @@ HELP_TEXT = """\
   b           branch: a new run from it, with changed arguments
   d / delete  delete it (the best and the newest are protected)
   home / end  the oldest / the newest
+  escape      back
+
+[b]Fork[/b]
+  type variants, a line each (b: learning_rate=1e-3), and the steps
+  ctrl+f      fork from the paused run (the memory is checked first)
+  k           keep the selected variant: the run continues from it
+  d           discard: the run continues from the pause unchanged
   escape      back
 
 [b]Inspect[/b]

@@ -20,7 +20,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 from textual.worker import Worker, WorkerState
 
 from workbench.door.protocol import MemoryUsage, Status
-from workbench.widgets.view import fmt_bytes, fmt_lr, fmt_number
+from workbench.widgets.view import GRADS_FREED, fmt_bytes, fmt_lr, fmt_number
 
 __all__ = ["InspectScreen", "inspect_summary", "memory_line"]
 
@@ -33,9 +33,12 @@ def inspect_summary(report: dict[str, Any]) -> list[str]:
     lrs = ", ".join(fmt_lr(lr) for lr in report.get("learning_rates", [])) or "-"
     shapes = ", ".join(f"{k} {tuple(v)}" for k, v in report.get("batch_shapes", {}).items()) or "-"
     params = sum(_numel(r["shape"]) for r in layers)
+    frozen = sum(_numel(r["shape"]) for r in layers if not r.get("trainable", True))
+    counted = (f"{params:,} parameters ({params - frozen:,} trained, {frozen:,} frozen)" if frozen
+               else f"{params:,} parameters")
     bad = f"[bold red]NaN {nan}  Inf {inf}[/]" if nan or inf else "[green]no NaN/Inf[/]"
     return [
-        f"step {report.get('step', '?')} · {len(layers)} tensors · {params:,} parameters · {bad}",
+        f"step {report.get('step', '?')} · {len(layers)} tensors · {counted} · {bad}",
         f"learning rates: {lrs}",
         f"last batch: {shapes}",
     ]
@@ -52,7 +55,10 @@ def memory_line(report: MemoryUsage | None, host: bool = True) -> str:
     """Every figure of a memory reading in two lines: the model's tensors, then device and host."""
     if report is None:
         return "memory: -"
-    first = (f"memory: parameters {fmt_bytes(report.parameters)} · gradients {fmt_bytes(report.gradients)}"
+    frozen = getattr(report, "frozen_parameters", 0) or 0
+    split = f" ({fmt_bytes(report.parameters - frozen)} trained, {fmt_bytes(frozen)} frozen)" if frozen else ""
+    grads = fmt_bytes(report.gradients) if report.gradients or report.parameters == frozen else GRADS_FREED
+    first = (f"memory: parameters {fmt_bytes(report.parameters)}{split} · gradients {grads}"
              f" · optimizer state {fmt_bytes(report.optimizer_state)}")
     if report.device_allocated is not None:
         second = (f"{report.device_type}: allocated {fmt_bytes(report.device_allocated)} · reserved "
@@ -135,13 +141,25 @@ class InspectScreen(Screen):
         self.query_one("#inspect-summary", Static).update("\n".join(inspect_summary(report)))
         table = self.query_one("#layers", DataTable)
         table.clear()
-        for row in report.get("layers", []):
+        layers = report.get("layers", [])
+        # Between steps there are no gradients to measure (the loop frees them): said, not "-".
+        freed = bool(layers) and all(r.get("grad_norm") is None for r in layers if r.get("trainable", True))
+        table.border_title = (f"layers (grad: {GRADS_FREED}; update = the optimizer's next step / weight norm)"
+                              if freed else "layers (norms; update = the optimizer's next step / weight norm)")
+        for row in layers:
             bad = row["nan"] + row["inf"]
+            trained = row.get("trainable", True)
+            if not trained:
+                grad = Text("frozen", style="dim", justify="right")
+            elif freed:
+                grad = Text("freed", style="dim", justify="right")
+            else:
+                grad = Text(fmt_number(row["grad_norm"]), justify="right")
             table.add_row(
-                row["name"],
+                Text(row["name"], style="" if trained else "dim"),
                 "×".join(str(d) for d in row["shape"]),
                 Text(fmt_number(row["param_norm"]), justify="right"),
-                Text(fmt_number(row["grad_norm"]), justify="right"),
+                grad,
                 Text(fmt_number(row["update_ratio"], 3), justify="right"),
                 Text(f"{row['nan']}/{row['inf']}", style="bold red" if bad else "dim"),
                 key=row["name"],

@@ -8,17 +8,20 @@ from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.widget import Widget
 from textual.widgets import RichLog, Static
 
 from workbench.door.values import Status
 from workbench.widgets.view import (
+    health_line,
     MemoryRow,
     MetricRow,
     fmt_bytes,
-    fmt_clock,
     GUARD_COLORS,
+    SampleBook,
+    answer_text,
     fmt_number,
     intervention_cells,
     memory_rows,
@@ -26,9 +29,11 @@ from workbench.widgets.view import (
     progress_line,
     status_label,
     summary_lines,
+    elapsed_text,
 )
 
-__all__ = ["Parts", "RunHeader", "ProgressPanel", "MetricsTable", "MemoryPanel", "EventPanel", "SummaryPanel", "GuardTable"]
+__all__ = ["Parts", "RunHeader", "ProgressPanel", "MetricsTable", "MemoryPanel", "EventPanel", "SummaryPanel", "GuardTable",
+           "SamplesPanel"]
 
 STATUSES = tuple(Status)  # one CSS class per status: .status-idle, .status-running, ...
 
@@ -82,8 +87,7 @@ class RunHeader(Parts, Horizontal):
             for status in STATUSES:
                 badge.set_class(status == snapshot.status, f"status-{status}")
         set_text(self.part("#device"), snapshot.device or "")
-        elapsed = "-:--:--" if frozen_clock else fmt_clock(snapshot.elapsed)
-        set_text(self.part("#elapsed"), f"elapsed {elapsed}")
+        set_text(self.part("#elapsed"), "elapsed -:--:--" if frozen_clock else elapsed_text(snapshot))
 
 
 class StepBar(Widget):
@@ -133,7 +137,11 @@ class ProgressPanel(Parts, Vertical):
         if frozen_clock:
             line = f"step {snapshot.step}/{snapshot.max_steps or '?'}" + (
                 f" · epoch {snapshot.epoch:.2f}" if snapshot.epoch is not None else "")
-        set_text(self.part("#progress-line"), line)
+        health = "" if frozen_clock else health_line(snapshot)
+        if health.startswith("HANG"):
+            set_text(self.part("#progress-line"), Text(health, style="bold red"))
+            return
+        set_text(self.part("#progress-line"), f"{line} · {health}" if health else line)
 
 
 class MetricsTable(Widget):
@@ -215,25 +223,68 @@ class GuardTable(Widget):
         return out
 
 
+class SamplesPanel(VerticalScroll):
+    """The run's samples: each prompt, then its answers newest first with the step whose
+    weights gave them. Shown by the dashboard once the run has samples (``a`` hides it)."""
+
+    ANSWER_LIMIT = 600  # characters of one answer shown (max_new_tokens may allow thousands)
+    # Scrolled with the mouse wheel; never focused, so the event log keeps the focus it gets first.
+    can_focus = False
+
+    def __init__(self, *, id: str | None = None) -> None:  # noqa: A002 - Textual's name
+        super().__init__(id=id)
+        self.book: SampleBook | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="samples-text")
+
+    def on_mount(self) -> None:
+        if self.book is not None:  # samples came before the text was composed (a recorded run's, all at once)
+            self.show(self.book)
+
+    def show(self, book: SampleBook) -> None:
+        """Redraw from ``book`` (samples come a few at each evaluation: no throttle needed)."""
+        self.book = book
+        try:
+            target = self.query_one("#samples-text", Static)
+        except NoMatches:
+            return  # on_mount draws it
+        prompts = book.prompts()
+        width = max((len(str(a.step)) for _, answers in prompts for a in answers), default=1)
+        text = Text()
+        for i, (prompt, answers) in enumerate(prompts):
+            if i:
+                text.append("\n")
+            text.append(f"▸ {answer_text(prompt, 200)}", style="bold")
+            for answer in answers:
+                text.append(f"\n  {answer.step:>{width}}  ", style="dim")
+                text.append(answer_text(answer.answer, self.ANSWER_LIMIT))
+        target.update(text)
+
+
 class MemoryPanel(Widget):
     """Memory bars with numbers: model tensors against their sum, device/host against their peak."""
 
     def __init__(self, *, id: str | None = None) -> None:  # noqa: A002 - Textual's name
         super().__init__(id=id)
         self._rows: list[MemoryRow] = []
+        self._ended = False
 
-    def show(self, report: Any, frozen: bool = False) -> None:
-        """Show ``report`` (a MemoryUsage); ``frozen`` hides process-dependent host figures (tests)."""
+    def show(self, report: Any, frozen: bool = False, ended: bool = False) -> None:
+        """Show ``report`` (a MemoryUsage); ``frozen`` hides process-dependent host figures (tests).
+        ``ended``: the run is over, so a missing reading will not come (a run watched from its
+        files has none): said so instead of waiting."""
         rows = memory_rows(report)
         if frozen:
             rows = [r for r in rows if r.label != "host"]
-        if rows != self._rows:
-            self._rows = rows
+        if rows != self._rows or ended != self._ended:
+            self._rows, self._ended = rows, ended
             self.refresh()
 
     def render(self) -> Text:
         if not self._rows:
-            return Text("waiting for the first reading…", style="dim")
+            return Text("no reading (the run has ended)" if self._ended else "waiting for the first reading…",
+                        style="dim")
         width = self.size.width
         out = Text(no_wrap=True, overflow="ellipsis")
         for i, row in enumerate(self._rows):

@@ -16,6 +16,7 @@ import torch
 
 from workbench.core.run import Run
 from workbench.core.trainer_utils import unwrap_model
+from workbench.models.adapters import adapter_state, is_peft_model
 
 
 __all__ = ["host_copy", "unique_state", "capture_model_state", "capture_optimizer_state",
@@ -67,15 +68,23 @@ def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
 
 
 def capture_model_state(run: Run) -> dict[str, torch.Tensor] | None:
-    """Host copies of the full weights on rank 0 (None on other ranks); collective under FSDP."""
+    """Host copies of the full weights on rank 0 (None on other ranks); collective under FSDP.
+
+    Of a PEFT model only the trainable (adapter) tensors: the frozen base never changes, and
+    its checkpoint holds the adapter alone, as transformers' Trainer writes it.
+    """
+    model = unwrap_model(run.model)
     if is_fsdp(run):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         state = get_model_state_dict(run.model_wrapped, options=_options(cpu_offload=True))
+        if is_peft_model(model):
+            trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+            state = {name: t for name, t in state.items() if name in trainable}
         return state if run.accelerator.is_main_process else None
     if not run.accelerator.is_main_process:
         return None
-    return unique_state(unwrap_model(run.model), copy=True)
+    return adapter_state(model) if is_peft_model(model) else unique_state(model, copy=True)
 
 
 def capture_optimizer_state(run: Run) -> dict[str, Any] | None:

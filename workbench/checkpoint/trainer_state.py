@@ -19,6 +19,7 @@ import torch
 from workbench.core.run import Run
 from workbench.checkpoint.state_dicts import (
     capture_model_state,
+    is_fsdp,
     capture_optimizer_state,
     host_copy,
     load_model_state,
@@ -29,6 +30,7 @@ from workbench.checkpoint.store import WEIGHTS, WEIGHTS_INDEX, CheckpointStore
 from workbench.core.state import WORKBENCH_STATE_NAME
 from workbench.core.rng import PENDING_KEY, capture_rng, numpy_safe_globals, restore_rng
 from workbench.core.trainer_utils import PREFIX_CHECKPOINT_DIR, unwrap_model
+from workbench.models.adapters import ADAPTER_WEIGHTS, is_peft_model, load_adapter_state
 
 
 log = logging.getLogger("transformers.trainer")  # HF's Trainer gives these warnings there too
@@ -178,7 +180,6 @@ def _hf_group_layout(run: Run, optimizer: dict[str, Any],
     parameters are in the same order, so the saved state is cut in two where HF's groups
     part, and transformers' Trainer can resume from it. workbench loads either layout.
     """
-    from workbench.checkpoint.state_dicts import is_fsdp
     from workbench.models.param_groups import decay_parameter_names
 
     live = getattr(run.optimizer, "optimizer", run.optimizer)
@@ -219,7 +220,16 @@ def save_checkpoint(run: Run) -> Path | None:
     The model files come from an overriding ``Trainer.save_model`` if there is one
     (``model_saved_by_override`` gives the rule); ``training_args.json`` and the rest are
     always written here, so a resume can compare arguments whatever the override wrote.
+    The time the run is blocked here is the ledger's "save" (an async write's is not).
     """
+    ledger = getattr(run, "ledger", None)
+    if ledger is None:
+        return _save_checkpoint(run)
+    with ledger.during("save"):
+        return _save_checkpoint(run)
+
+
+def _save_checkpoint(run: Run) -> Path | None:
     args, state, acc = run.args, run.state, run.accelerator
     step = state.global_step
     run_dir = run._get_output_dir(trial=None)  # HF's override point for where checkpoints go
@@ -315,6 +325,27 @@ def _tied_aliases(model: torch.nn.Module) -> set[str]:
     return aliases
 
 
+def _adapter_misfit(model: torch.nn.Module, checkpoint: Path) -> str | None:
+    """weights_misfit for the adapter side: an adapter checkpoint needs a PEFT model whose
+    adapter tensors it names with the same shapes, and a PEFT model needs an adapter."""
+    from safetensors import safe_open
+
+    from workbench.models.adapters import adapter_state
+
+    has_adapter = (checkpoint / ADAPTER_WEIGHTS).is_file()
+    if has_adapter != is_peft_model(model):
+        return ("it holds a LoRA adapter and this run's model has none (set [model.peft] as when it was saved)"
+                if has_adapter else "this run trains a LoRA adapter and it holds full weights (remove [model.peft])")
+    with safe_open(str(checkpoint / ADAPTER_WEIGHTS), framework="pt") as f:
+        saved = {key: list(f.get_slice(key).get_shape()) for key in f.keys()}
+    adapter_name = getattr(model, "active_adapter", "default")
+    here = {name.replace(f".{adapter_name}", ""): list(p.shape) for name, p in adapter_state(model, copy=False).items()}
+    if set(here) != set(saved) or any(saved[name] != shape for name, shape in here.items()):
+        differ = sorted(set(here) ^ set(saved)) or sorted(n for n in here if saved[n] != here[n])
+        return f"its adapter does not fit this run's [model.peft] (first difference: {differ[0]})"
+    return None
+
+
 def weights_misfit(model: torch.nn.Module, checkpoint: Path) -> str | None:
     """Why ``checkpoint``'s weights would not load into ``model`` (names or shapes), read from
     the safetensors headers alone (nothing is loaded); None when they fit, or when there is
@@ -322,6 +353,8 @@ def weights_misfit(model: torch.nn.Module, checkpoint: Path) -> str | None:
     on its own)."""
     from safetensors import safe_open
 
+    if is_peft_model(model) or (checkpoint / ADAPTER_WEIGHTS).is_file():
+        return _adapter_misfit(model, checkpoint)
     if (checkpoint / WEIGHTS).is_file():
         files = [checkpoint / WEIGHTS]
     elif (checkpoint / WEIGHTS_INDEX).is_file():
@@ -354,12 +387,21 @@ def _check_fit(model: torch.nn.Module, checkpoint: Path, missing: list[str], une
 
 def load_model_files(model: torch.nn.Module, checkpoint: Path) -> None:
     """Load the weights saved in ``checkpoint`` into a plain (unwrapped) model."""
+    if is_peft_model(model):
+        load_adapter_state(model, checkpoint)
+        return
     missing, unexpected = model.load_state_dict(_read_weights(model, checkpoint), strict=False)
     _check_fit(model, checkpoint, list(missing), list(unexpected))
 
 
 def _load_weights(run: Run, checkpoint: Path) -> None:
     model = unwrap_model(run.model)
+    if is_peft_model(model) and not is_fsdp(run):  # the adapter alone: the base is the pretrained folder's
+        problem = _adapter_misfit(model, checkpoint)
+        if problem:
+            raise ValueError(f"{checkpoint}: {problem}")
+        load_adapter_state(model, checkpoint)
+        return
     missing, unexpected = load_model_state(run, _read_weights(model, checkpoint))
     _check_fit(model, checkpoint, missing, unexpected)
 

@@ -1,7 +1,8 @@
-"""``workbench run | ctl | attach | watch | checkpoints | init``: the command line.
+"""``workbench run | ctl | attach | watch | checkpoints | init | export | data``: the command line.
 
 One module a job: usage.py (the arguments, ``UsageError``), train.py (``workbench run``),
-output_dir.py (what a run may resume from, clear and lock), hangup.py (a closed terminal).
+output_dir.py (what a run may resume from, clear and lock), hangup.py (a closed terminal),
+data_view.py (``workbench data``: the train rows as the model sees them).
 This module dispatches, and holds the small commands.
 
 Exit codes (core/exit_codes.py): 0 finished; 2 usage or config error (one line on stderr,
@@ -36,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
             return _init(ns)
         if ns.command == "checkpoints":
             return _checkpoints(ns)
+        if ns.command == "export":
+            return _export(ns)
         if ns.command == "ctl":
             from workbench.control.ctl import run_ctl
 
@@ -45,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
             return _attach(ns)
         if ns.command == "watch":
             return _watch(ns)
+        if ns.command == "data":
+            from workbench.cli.data_view import run_data_view
+
+            return run_data_view(ns)
         if ns.num_processes is not None and "WORLD_SIZE" not in os.environ:
             return _launch(ns, argv)
         return _finish_rank(run_command(ns))
@@ -112,9 +119,47 @@ def _init(ns: argparse.Namespace) -> int:
     path = Path(ns.path)
     if path.exists() and not ns.force:
         raise UsageError(f"{path} already exists; choose another path or pass --force to replace it")
+    if ns.example and not ns.finetune:
+        raise UsageError("--example writes the fine-tuning example's model and data: use it with --finetune")
+    if ns.example:
+        _check_example_free(path.parent)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(starter_config_text(), encoding="utf-8")
+    path.write_text(starter_config_text(finetune=ns.finetune, file=path.name), encoding="utf-8")
+    if ns.example:
+        from workbench.models.tiny_llama import build_workspace
+
+        build_workspace(path.parent, rows=256)
+        print(f"wrote a tiny model to {path.parent / 'models' / 'tiny-llama'} and chat data to {path.parent / 'data'}")
     print(f"wrote {path}; run it with: workbench run {path}")
+    if ns.finetune:
+        print(f"see what it trains on first: workbench data {path} --show 3")
+    return EXIT_OK
+
+
+def _check_example_free(root: Path) -> None:
+    """The example's files must not exist yet (nothing a user has is overwritten), and
+    building the model and tokenizer needs transformers."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        raise UsageError("--example builds a transformers model: pip install 'workbench[peft]'")
+    for rel in ("models/tiny-llama", "data/chat.jsonl", "data/chat_eval.jsonl", "data/completions.jsonl"):
+        if (root / rel).exists():
+            raise UsageError(f"{root / rel} already exists; the example would overwrite it (move it, or leave "
+                             "out --example and point the config at your own model and data)")
+
+
+def _export(ns: argparse.Namespace) -> int:
+    from workbench.checkpoint.export import ExportError, export_checkpoint
+
+    try:
+        done = export_checkpoint(ns.checkpoint, ns.out, merge=ns.merge)
+    except ExportError as exc:
+        raise UsageError(str(exc)) from None
+    how = {"merged": "the adapter merged into its base model", "adapter": f"a LoRA adapter of {done.base}",
+           "full": "the model's weights"}[done.kind]
+    loader = "PeftModel.from_pretrained(base, OUT)" if done.kind == "adapter" else "from_pretrained(OUT)"
+    print(f"exported {how} to {done.path} ({len(done.files)} files); load it with transformers' {loader}")
     return EXIT_OK
 
 
@@ -153,7 +198,7 @@ def _attach(ns: argparse.Namespace) -> int:
     from workbench.control.discovery import NoLiveRun
 
     try:
-        session = attach(ns.target, token=ns.token)
+        session = attach(ns.target, token=ns.token, client="attach")
     except NoLiveRun as exc:
         print(f"workbench: {exc}", file=sys.stderr)
         return EXIT_NO_RUN
@@ -185,10 +230,18 @@ def _watch(ns: argparse.Namespace) -> int:
         session = open_watch(ns.output_dir)
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise UsageError(str(exc)) from None
+    if not sys.stdout.isatty():  # a pipe or a file: the run in plain lines, not the dashboard's escape codes
+        from workbench.control.watch import text_summary
+
+        try:
+            print("\n".join(text_summary(session)))
+        finally:
+            session.close()
+        return EXIT_OK
     from workbench.widgets.tui import run_dashboard
 
     try:
-        outcome = run_dashboard(session, handle_signals=False, attached=True)
+        outcome = run_dashboard(session, handle_signals=False, attached=True, read_only=True)
     finally:
         session.close()
     if outcome == "crashed":  # the watching failed, not the run

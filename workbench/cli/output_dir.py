@@ -111,14 +111,19 @@ def owned_output_dir(run, ns: argparse.Namespace, prepare=None) -> Iterator[tupl
     from workbench.core.world import is_main_process
 
     output_dir = Path(run.training.output_dir)
+    if is_main_process():  # the others' folder is rank 0's: it has the lock
+        try:
+            # A live run's folder is said as such first: its checkpoints are that run's, and
+            # --resume or --overwrite would be refused the same way (issue 29).
+            check_not_busy(output_dir)
+        except OutputDirBusy as exc:
+            raise UsageError(str(exc)) from None
     resume, clear = plan_output_dir(output_dir, ns.resume, ns.overwrite)
     if prepare is not None:
         try:
-            if is_main_process():  # the others' folder is rank 0's: it has the lock
-                check_not_busy(output_dir)
             check_writable(output_dir, create=False)
-        except (OutputDirBusy, OSError) as exc:
-            raise UsageError(str(exc) if isinstance(exc, OutputDirBusy) else f"training.{exc}") from None
+        except OSError as exc:
+            raise UsageError(f"training.{exc}") from None
     prepared = prepare() if prepare is not None else None
     lock = claim_output_dir(output_dir)
     try:
@@ -137,8 +142,16 @@ def clear_checkpoints(output_dir: Path) -> None:
 
     if not is_main_process():
         return
+    deleted = []
     for info in CheckpointStore(output_dir).list():
         shutil.rmtree(info.path, ignore_errors=True)
-    (output_dir / "events.jsonl").unlink(missing_ok=True)
+        deleted.append(info.name)
+    events = output_dir / "events.jsonl"
+    if events.exists():
+        events.unlink(missing_ok=True)
+        deleted.append(events.name)
+    if deleted:  # said, so a mistyped --overwrite is noticed while the cause is on screen
+        shown = ", ".join(deleted[:6]) + (f" and {len(deleted) - 6} more" if len(deleted) > 6 else "")
+        print(f"workbench: --overwrite deleted from {output_dir}: {shown}", file=sys.stderr)
 
 

@@ -84,7 +84,12 @@ def build_run_trainer(ns: argparse.Namespace, run):
     try:
         return build_trainer(run)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:  # a DataFileError names its file and line
-        raise UsageError(str(exc) if isinstance(exc, DataFileError) else f"{ns.config}: {exc}") from None
+        if isinstance(exc, DataFileError):
+            raise UsageError(str(exc)) from None
+        from workbench.config.locate import locate_build_error
+
+        # A model refusing its options (n_head must divide n_embd) is told at the option's line.
+        raise UsageError(locate_build_error(str(exc), run.path or ns.config, str(ns.config), ns.overrides)) from None
 
 
 def train_run(ns: argparse.Namespace, run, trainer, resume: object) -> int:
@@ -108,6 +113,8 @@ def train_run(ns: argparse.Namespace, run, trainer, resume: object) -> int:
         # Headless: no one is there to resume a guard's pause (max_interventions, the pause
         # action), which would hang the run; it stops with a checkpoint instead (README).
         session.pauses_for_guard = False
+        # What workbench ctl or an attached dashboard does to this run is told in its own output.
+        session.announce = lambda text: print(f"workbench: {text}", file=sys.stderr, flush=True)
     elif ns.no_control:
         trainer.args.control = False  # --no-control wins over the config's control = true
 
@@ -152,22 +159,20 @@ def train_run(ns: argparse.Namespace, run, trainer, resume: object) -> int:
     step = trainer.state.global_step
     reason = trainer.stop_decision.reason  # with several ranks: whichever rank was signalled
     say = print if main_rank else (lambda *a, **k: None)
-    if reason in ("SIGTERM", "SIGHUP"):
-        say(f"workbench: stopped by {reason} at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
-    elif reason == "SIGINT":
-        say(f"workbench: interrupted at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
-    elif reason == "session" and request.save:  # workbench ctl stop: as the quit dialog (saved: 0, not: 130)
-        say(f"workbench: stopped at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
-    elif reason == "session":
-        say(f"workbench: stopped at step {step} without saving", file=sys.stderr)
-    elif step < trainer.state.max_steps and stopped_by_guard(trainer):
+    from workbench.door.endings import describe_end, stopped_by
+
+    if reason in (None, "guard") and step < trainer.state.max_steps and stopped_by_guard(trainer):
         count = len(trainer.workbench_state.guard["interventions"])
         stuck = (trainer.workbench_state.guard.get("progress") or {}).get("escalated")
         why = f"no progress: {stuck}; " if stuck else ""
-        say(f"workbench: stopped by the guard at step {step} after {count} interventions ({why}guard events in "
+        say(f"workbench: {stopped_by('guard')} at step {step} after {count} interventions ({why}guard events in "
             f"{output_dir / 'events.jsonl'}); checkpoint saved in {output_dir}", file=sys.stderr)
+    elif reason:  # a signal, workbench ctl, a script: the words every front-end uses (door/endings.py)
+        say(f"workbench: {describe_end('stopped', reason, step, bool(request.save), where=str(output_dir))}",
+            file=sys.stderr)
     else:
-        say(f"workbench: finished; files in {output_dir}")
+        status = "finished" if step >= trainer.state.max_steps else "stopped"  # an early-stopping callback
+        say(f"workbench: {describe_end(status, None, step, saved=None, where=str(output_dir))}")
     return run_exit_code("stopped" if reason else "finished", reason, saved=request.save)
 
 
@@ -255,17 +260,22 @@ def run_dashboard_run(ns: argparse.Namespace, trainer, resume: object, output_di
             return report_failure(run.error, output_dir)
         print(f"workbench: training failed{recorded_in(output_dir)}", file=sys.stderr)
         return EXIT_FAILED
+    from workbench.door.endings import describe_end
+
+    reason = run.stop_reason
     if outcome == "crashed":
         print(f"workbench: the dashboard failed; the run was stopped at step {step} and saved in {output_dir}",
               file=sys.stderr)
     elif outcome == "hangup":
-        print(f"workbench: stopped by SIGHUP at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
-    elif outcome in ("saved", "interrupted", "terminated"):
-        print(f"workbench: stopped at step {step}; checkpoint saved in {output_dir}", file=sys.stderr)
-    elif outcome in ("stopped", "aborted"):
-        print(f"workbench: stopped at step {step} without saving", file=sys.stderr)
+        print(f"workbench: {describe_end('stopped', 'SIGHUP', step, True, str(output_dir))}", file=sys.stderr)
+    elif outcome == "aborted":  # a second ctrl+c: the save was not waited for
+        print(f"workbench: {describe_end('stopped', 'SIGINT', step, False, str(output_dir))}", file=sys.stderr)
+    elif reason or outcome in ("saved", "interrupted", "terminated", "stopped"):
+        # Who stopped it: the dashboard, a signal, workbench ctl or the guard (door/endings.py).
+        saved = outcome != "stopped" and run.trainer.stop_decision.save is not False
+        print(f"workbench: {describe_end('stopped', reason, step, saved, str(output_dir))}", file=sys.stderr)
     else:
-        print(f"workbench: {run.status}; files in {output_dir}")
+        print(f"workbench: {describe_end(str(run.status), None, step, saved=None, where=str(output_dir))}")
     return OUTCOME_CODES.get(outcome, EXIT_FAILED)
 
 

@@ -39,13 +39,17 @@ def make_parser() -> argparse.ArgumentParser:
                      help="the address --control-port binds (default 127.0.0.1; name another only on a "
                           "trusted network)")
 
-    ctl = sub.add_parser("ctl", help="steer a live run: status, pause, resume, save, eval, stop, set, checkpoints")
+    from workbench.control.ctl_commands import ctl_epilog
+
+    ctl = sub.add_parser("ctl", help="steer a live run: status, pause, resume, save, eval, stop, set, checkpoints",
+                         description="Send one command to a live run (workbench ctl OUTDIR COMMAND [ARGS]).",
+                         epilog=ctl_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     ctl.add_argument("target", metavar="OUTDIR|HOST:PORT")
-    ctl.add_argument("action", metavar="COMMAND")
+    ctl.add_argument("action", metavar="COMMAND", help="one of the commands below")
     ctl.add_argument("values", nargs="*", metavar="ARGS",
                      help="set: KEY=VALUE ...; checkpoints: list, delete NAME, resume_from NAME [KEY=VALUE ...], "
                           "branch NAME NEWDIR [KEY=VALUE ...]")
-    ctl.add_argument("--json", action="store_true", help="print the reply as JSON")
+    ctl.add_argument("--json", action="store_true", help="print the reply as JSON (for scripts and tools)")
     ctl.add_argument("--wait", action="store_true", help="pause: return once the run is paused")
     ctl.add_argument("--no-save", action="store_true",
                      help="stop, checkpoints branch: stop the run without its final checkpoint")
@@ -56,6 +60,13 @@ def make_parser() -> argparse.ArgumentParser:
     attach = sub.add_parser("attach", help="open the dashboard on a live run elsewhere (q detaches)")
     attach.add_argument("target", metavar="OUTDIR|HOST:PORT")
     attach.add_argument("--token", default=None, help="the TCP endpoint's token")
+
+    data = sub.add_parser("data", help="a config's train rows as the model sees them, trained tokens marked "
+                                       "(writes nothing)")
+    data.add_argument("config", help="path to a TOML config")
+    data.add_argument("--show", type=int, default=3, metavar="N", help="how many rows to print (default 3)")
+    data.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config key, e.g. --set data.max_length=64 (repeatable)")
 
     watch = sub.add_parser("watch", help="a finished or live run, read-only")
     watch.add_argument("output_dir")
@@ -73,6 +84,18 @@ def make_parser() -> argparse.ArgumentParser:
     init = sub.add_parser("init", help="write a commented starter config that runs as is")
     init.add_argument("path", nargs="?", default="workbench.toml")
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
+    init.add_argument("--finetune", action="store_true",
+                      help="a config for LoRA fine-tuning of a pretrained model on chat data, with samples "
+                           "and the guard")
+    init.add_argument("--example", action="store_true",
+                      help="with --finetune: also write a tiny local model (models/tiny-llama) and chat data "
+                           "(data/*.jsonl) next to the config, so it runs as is without a download")
+
+    export = sub.add_parser("export", help="a checkpoint as a model folder that transformers' from_pretrained loads")
+    export.add_argument("checkpoint", help="a checkpoint folder (OUTPUT_DIR/checkpoint-N) or a save_model folder")
+    export.add_argument("out", help="the folder to write (must not exist, or be empty)")
+    export.add_argument("--merge", action="store_true",
+                        help="merge a LoRA adapter into its base model's weights (no peft needed to load it)")
     return parser
 
 

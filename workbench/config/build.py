@@ -7,6 +7,7 @@ the model, loading data), so ``workbench run`` rejects a bad file before any of 
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import Any
 
 from workbench.config.loader import RunConfig
@@ -17,7 +18,7 @@ __all__ = ["build_model", "build_datasets", "build_trainer"]
 def _builtin_tokenizer(run: RunConfig) -> Any:
     """The tokenizer of the run's data: the builtin set's, or the one ``[data]`` tokenizes with."""
     if run.data.builtin is None:
-        if run.data.tokenizer is None and run.data.text_column is None:
+        if run.data.tokenizer is None and run.data.text_column is None and run.data.format is None:
             return None
         from workbench.data.datasets_io import run_tokenizer
 
@@ -45,7 +46,12 @@ def build_model(run: RunConfig) -> Any:
         return build_builtin_model(spec.builtin, **options)
     if spec.factory is not None:
         return spec.factory_fn(**options)
-    return _load_pretrained(spec.pretrained, options)
+    model = _load_pretrained(spec.pretrained, options)
+    if spec.peft is not None:
+        from workbench.models.adapters import apply_lora
+
+        model = apply_lora(model, spec.peft)
+    return model
 
 
 def _load_pretrained(path: str, options: dict[str, Any]) -> Any:
@@ -60,7 +66,18 @@ def _load_pretrained(path: str, options: dict[str, Any]) -> Any:
     cls = getattr(transformers, architectures[0], None) if architectures else None
     if cls is None:
         cls = transformers.AutoModel
-    return cls.from_pretrained(path, local_files_only=True, **options)
+    # The loading bar only on a terminal: in a log, a data problem found after the model is
+    # loaded must be the one line on stderr (workbench run exits 2 with it).
+    from transformers.utils import logging as hf_logging
+
+    bar_was_on = hf_logging.is_progress_bar_enabled()
+    if not sys.stderr.isatty():
+        hf_logging.disable_progress_bar()
+    try:
+        return cls.from_pretrained(path, local_files_only=True, **options)
+    finally:
+        if bar_was_on:
+            hf_logging.enable_progress_bar()
 
 
 def build_datasets(run: RunConfig, *, progress: bool = True) -> tuple[Any, Any]:
@@ -80,9 +97,14 @@ def build_datasets(run: RunConfig, *, progress: bool = True) -> tuple[Any, Any]:
 def _default_collator(run: RunConfig, model: Any, tokenizer: Any) -> Any:
     """For tokenized ``[data]``: the collator the model's kind needs (HF scripts pick these by
     hand); None leaves the Trainer's default (padding, from the processing class)."""
+    from workbench.data import collators
+
+    if run.data.format is not None and tokenizer is not None:
+        # Chat rows bring their own labels (-100 off the answers): pad them with -100, never
+        # rebuild them from input_ids as the language-modeling collator would.
+        return collators.DataCollatorForSeq2Seq(tokenizer)
     if run.data.text_column is None or tokenizer is None or model is None:
         return None
-    import workbench.data.collators as collators
     import workbench.models.losses as losses
 
     kind = losses.model_kind(model)
@@ -105,7 +127,9 @@ def build_trainer(run: RunConfig, callbacks: list[Any] | None = None, *, progres
     """
     from workbench.train.trainer import Trainer
     from workbench.core.trainer_utils import set_seed
+    from workbench.train.one_run import check_free
 
+    check_free("build a Trainer")  # before the model and data load, and before the seed changes a live run's RNG
     set_seed(run.training.seed)  # model init is part of what the seed reproduces
     hooks = dict(run.hooks)
     hook_callbacks = list(hooks.pop("callbacks", None) or [])
@@ -113,6 +137,10 @@ def build_trainer(run: RunConfig, callbacks: list[Any] | None = None, *, progres
     model = None if model_init is not None else build_model(run)
     train, evaluation = build_datasets(run, progress=progress)
     tokenizer = _builtin_tokenizer(run)
+    if run.samples is not None:  # a model that cannot answer the prompts is one line now, not at the first eval
+        from workbench.config.samples_table import check_can_sample
+
+        hook_callbacks.append(check_can_sample(run.samples, model, tokenizer, run.training))
     if "data_collator" not in hooks:
         collator = _default_collator(run, model, tokenizer)
         if collator is not None:
@@ -126,5 +154,6 @@ def build_trainer(run: RunConfig, callbacks: list[Any] | None = None, *, progres
         processing_class=tokenizer,
         callbacks=hook_callbacks + list(callbacks or []),
         guard=run.guard,
+        health=run.health,
         **hooks,
     )

@@ -1,7 +1,7 @@
 """TOML config files -> :class:`RunConfig`, validated before any work starts.
 
 A run is described by one TOML file (``run_name``, ``[model]``, ``[data]``, ``[training]``,
-``[hooks]``; the README's "Config files and the CLI"). Everything a user can get wrong in it -- unknown keys,
+``[hooks]``, ``[guard]``, ``[samples]``; the README's "Config files and the CLI"). Everything a user can get wrong in it -- unknown keys,
 wrong types, impossible argument combinations, references that do not import -- is found
 here, before a model is built or a file is read, and reported as one :class:`ConfigError`
 line that names the file, the line and the key: ``x.toml:7: training.learnig_rate: unknown
@@ -16,12 +16,12 @@ import copy
 import dataclasses
 import difflib
 import functools
-import glob
 import importlib
 import importlib.resources
 import importlib.util
 import inspect
 import os
+import re
 import tomllib
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -31,12 +31,17 @@ from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
+from workbench.config.data_table import DATA_KEYS, DataSpec, DataTableChecks, optional_registry
 from workbench.config.errors import ConfigError, Key
 from workbench.config.overrides import apply_overrides, parse_override, parse_overrides  # noqa: F401 - part of this module's API
 from workbench.config.refs import RefError, resolve_ref
+from workbench.config.samples_table import samples_table
 from workbench.config.toml_lines import decode_error, describe_type, find_lines, kind_of, line_of, toml_repr, tomlable
 from workbench.core.args.training import ArgumentError, TrainingArguments
+from workbench.distributed.health import HEALTH_FIELDS, Health
 from workbench.guard.settings import GUARD_FIELDS, Guard
+from workbench.train.samples import Samples
+from workbench.models.adapters import PEFT_MISSING, lora_keys, module_names_of_folder, unmatched_targets
 
 __all__ = [
     "ConfigError", "DataSpec", "ModelSpec", "RunConfig", "config_from_dict", "dump_config",
@@ -44,13 +49,8 @@ __all__ = [
     "write_resolved_config",
 ]
 
-TOP_KEYS = ("run_name", "model", "data", "training", "hooks", "guard")
-MODEL_KEYS = ("builtin", "factory", "pretrained", "options")
-DATA_KEYS = ("builtin", "options", "train", "eval", "columns", "text_column", "tokenizer", "max_length", "packing")
-# [data] keys that prepare datasets-library data; builtin data sets bring their own.
-_PROCESSING_KEYS = ("columns", "text_column", "tokenizer", "max_length", "packing")
-# A data path ending like this is a local file, never a Hub data set name.
-_DATA_FILE_EXTENSIONS = (".json", ".jsonl", ".csv", ".tsv", ".txt", ".parquet", ".arrow")
+TOP_KEYS = ("run_name", "model", "data", "training", "hooks", "guard", "samples", "health")
+MODEL_KEYS = ("builtin", "factory", "pretrained", "options", "peft")
 HOOK_KEYS = ("compute_loss_func", "compute_metrics", "preprocess_logits_for_metrics",
              "model_init", "data_collator", "callbacks")
 _MODEL_KINDS = ("builtin", "factory", "pretrained")
@@ -64,37 +64,17 @@ class ModelSpec:
 
     ``factory`` keeps the reference as written; ``factory_fn`` is the callable it resolved
     to. ``pretrained`` is an absolute local folder. ``options`` are keyword arguments for
-    the builtin model or the factory.
+    the builtin model or the factory. ``peft`` is the ``[model.peft]`` table (a peft
+    ``LoraConfig``'s keywords): the pretrained model is trained through a LoRA adapter.
     """
 
     builtin: str | None = None
     factory: str | None = None
     pretrained: str | None = None
     options: dict = field(default_factory=dict)
+    peft: dict | None = None
     factory_fn: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
 
-
-@dataclass(frozen=True)
-class DataSpec:
-    """Which data to train on: a builtin data set, or ``datasets.load_dataset`` arguments.
-
-    ``train``/``eval`` are keyword-argument tables for ``datasets.load_dataset``, with local
-    paths made absolute; ``eval`` is one table or ``{name: table}`` for several eval sets.
-    ``columns`` renames columns ``{old: new}``; ``text_column`` is tokenized with
-    ``tokenizer`` ("char" or an absolute tokenizer folder; None: the default, see
-    workbench.data.datasets_io.run_tokenizer), truncated to ``max_length`` tokens, or with
-    ``packing`` cut into ``max_length``-token blocks.
-    """
-
-    builtin: str | None = None
-    options: dict = field(default_factory=dict)
-    train: dict | None = None
-    eval: dict | None = None
-    columns: dict = field(default_factory=dict)
-    text_column: str | None = None
-    tokenizer: str | None = None
-    max_length: int | None = None
-    packing: bool = False
 
 
 @dataclass
@@ -116,6 +96,8 @@ class RunConfig:
     hook_refs: dict[str, Any] = field(default_factory=dict)
     raw: dict = field(default_factory=dict)
     guard: Guard | None = None  # the [guard] table; None when the config has none (off)
+    samples: Samples | None = None  # the [samples] table: answers to fixed prompts as it trains; None: none
+    health: Health | None = None  # the [health] table: hangs, stragglers, MFU peak, OOM retries; None: defaults
 
 
 # -- public entry points ---------------------------------------------------------------
@@ -195,9 +177,25 @@ def write_resolved_config(run_config: RunConfig, output_dir: str | Path) -> Path
     return target
 
 
-def starter_config_text() -> str:
-    """The commented starter config that ``workbench init`` writes; it runs as is."""
-    return importlib.resources.files("workbench").joinpath("templates/starter.toml").read_text("utf-8")
+def starter_config_text(finetune: bool = False, file: str | None = None) -> str:
+    """The commented starter config that ``workbench init`` writes; it runs as is.
+
+    Its header names its ``file`` (``workbench run FILE``), and its run name and output_dir
+    derive from the file's name (``runs/my-run`` for my-run.toml), so a starter never trains
+    into the demo's ``runs/tiny-gpt`` or another starter's folder. ``finetune``: the LoRA
+    fine-tuning config (a pretrained folder, chat data, samples, the guard).
+    """
+    template = "templates/finetune.toml" if finetune else "templates/starter.toml"
+    text = importlib.resources.files("workbench").joinpath(template).read_text("utf-8")
+    file = file or ("finetune.toml" if finetune else "workbench.toml")
+    # Kept to what a TOML string and a folder name take as they are.
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(file).stem).strip("-.") or "run"
+    for key in ("run_name", "output_dir"):  # the comments stay in their column when the name fits
+        line = next((ln for ln in text.splitlines() if ln.startswith(f"{key} = ") and "{pad}" in ln), None)
+        if line is not None:
+            width = len(line.split("{pad}")[0].replace("{name}", name))
+            text = text.replace(line, line.replace("{pad}", " " * max(38 - width, 1)))
+    return text.replace("{file}", file).replace("{name}", name)
 
 
 # -- small helpers --------------------------------------------------------------------
@@ -253,20 +251,10 @@ def _field_hints(cls: type) -> dict[str, Any]:
     return hints
 
 
-def _optional_registry(module: str, name: str) -> dict | None:
-    """``module.name`` (a registry of builtins), or None while that module does not exist."""
-    try:
-        return getattr(importlib.import_module(module), name, None)
-    except ModuleNotFoundError as exc:
-        if exc.name == module:
-            return None
-        raise
-
-
 # -- the validator ---------------------------------------------------------------------
 
 
-class _Loader:
+class _Loader(DataTableChecks):
     """Validates one config's data; knows where each key was written (file line or --set)."""
 
     def __init__(self, source: str, base_dir: Path, lines: dict[Key, int], origins: dict[Key, str],
@@ -351,14 +339,21 @@ class _Loader:
         training, raw_training = self.training(self.table(("training",), data.get("training", {})), run_name)
         hooks, refs, raw_hooks = self.hooks(self.table(("hooks",), data.get("hooks", {}), HOOK_KEYS))
         guard = self.guard(self.table(("guard",), data["guard"], GUARD_FIELDS)) if "guard" in data else None
+        samples = samples_table(self, data["samples"]) if "samples" in data else None
+        health = self.settings("health", Health, data["health"], HEALTH_FIELDS) if "health" in data else None
         raw = {"run_name": run_name, "model": raw_model, "data": raw_data, "training": raw_training}
         raw = {k: v for k, v in raw.items() if v is not None}
         if raw_hooks:
             raw["hooks"] = raw_hooks
         if guard is not None:
             raw["guard"] = copy.deepcopy(data["guard"])
+        if samples is not None:
+            raw["samples"] = copy.deepcopy(data["samples"])
+        if health is not None:
+            raw["health"] = copy.deepcopy(data["health"])
         return RunConfig(path=None, run_name=run_name, model=model, data=data_spec, training=training,
-                         hooks=hooks, hook_refs=refs, raw=raw, guard=guard)
+                         hooks=hooks, hook_refs=refs, raw=raw, guard=guard,
+                         samples=samples, health=health)
 
     def model(self, table: dict) -> tuple[ModelSpec, dict]:
         kinds = [name for name in _MODEL_KINDS if name in table]
@@ -371,7 +366,7 @@ class _Loader:
         options = self.table(("model", "options"), table.get("options", {}))
         raw, factory_fn = copy.deepcopy(table), None
         if kind == "builtin":
-            registry = _optional_registry("workbench.models", "BUILTIN_MODELS")
+            registry = optional_registry("workbench.models", "BUILTIN_MODELS")
             if registry is not None:
                 self.builtin_name(("model", "builtin"), value, registry, "model")
                 self.options(("model", "options"), options, registry[value])
@@ -384,8 +379,42 @@ class _Loader:
                 raise self.error(("model", "pretrained"), f"folder {value!r} does not exist; downloading "
                                  "from the Hub is not supported, point to a local folder")
             raw["pretrained"] = value = folder
-        spec = ModelSpec(**{kind: value}, options=dict(options), factory_fn=factory_fn)
+        peft = self.peft(table["peft"], value if kind == "pretrained" else None) if "peft" in table else None
+        spec = ModelSpec(**{kind: value}, options=dict(options), peft=peft, factory_fn=factory_fn)
         return spec, raw
+
+    def peft(self, table: Any, pretrained: str | None) -> dict:
+        """Check ``[model.peft]``: peft installed, LoraConfig's keys and types, a pretrained
+        folder to adapt, and ``target_modules`` that each name a module of that model."""
+        key = ("model", "peft")
+        self.table(key, table)
+        if pretrained is None:
+            raise self.error(key, 'needs model.pretrained (a LoRA adapter trains on a pretrained model\'s '
+                             'folder): set pretrained = "DIR" in [model]')
+        if importlib.util.find_spec("peft") is None:
+            raise self.error(key, PEFT_MISSING)
+        from peft import LoraConfig
+
+        allowed = lora_keys()
+        hints = _field_hints(LoraConfig)
+        checked = {}
+        for name, value in table.items():
+            if name not in allowed:
+                raise self.unknown(key + (name,), allowed, "not a field of peft's LoraConfig")
+            checked[name] = self.check_type(key + (name,), value, hints.get(name, Any))
+        if checked.get("r", 1) < 1:  # peft refuses it only once it builds the layers
+            raise self.error(key + ("r",), f"the adapter's rank must be 1 or more, got {checked['r']}")
+        try:
+            LoraConfig(**checked)
+        except (TypeError, ValueError) as exc:
+            raise self.error(key, f"peft's LoraConfig refused it: {str(exc).strip().splitlines()[0]}") from None
+        names = module_names_of_folder(pretrained)
+        unmatched = unmatched_targets(checked.get("target_modules"), names or [])
+        if names is not None and unmatched:
+            leaves = sorted({n.rsplit(".", 1)[-1] for n in names})
+            raise self.error(key + ("target_modules",), f"{unmatched[0]!r} names no module of the model in "
+                             f"{pretrained} (its modules end in: {', '.join(leaves[:12])})")
+        return checked
 
     def builtin_name(self, key: Key, name: str, registry: Mapping[str, Any], what: str) -> None:
         if name not in registry:
@@ -414,119 +443,6 @@ class _Loader:
             if name in hints:
                 self.check_type(key + (name,), value, hints[name])
 
-    def data(self, table: dict) -> tuple[DataSpec, dict]:
-        builtin, train, evals = table.get("builtin"), table.get("train"), table.get("eval")
-        options = self.table(("data", "options"), table.get("options", {}))
-        if builtin is None and train is None:
-            raise self.error(("data",), 'set builtin (e.g. builtin = "python-source") or train '
-                             '(datasets.load_dataset arguments, e.g. train = { path = "json", '
-                             'data_files = "train.jsonl" })')
-        if builtin is not None:
-            self.string(("data", "builtin"), builtin)
-            for other in ("train", "eval"):
-                if other in table:
-                    raise self.error(("data", other), "cannot be combined with builtin (builtin data "
-                                     "sets bring their own train and eval splits)")
-            registry = _optional_registry("workbench.data.builtin", "BUILTIN_DATA")
-            if registry is not None:
-                self.builtin_name(("data", "builtin"), builtin, registry, "data set")
-                common = _optional_registry("workbench.data.builtin", "load_builtin_data")
-                self.options(("data", "options"), options, registry[builtin], common)
-        raw = copy.deepcopy(table)
-        if train is not None:
-            raw["train"] = train = self.dataset(("data", "train"), train)
-        if evals is not None:
-            self.table(("data", "eval"), evals)
-            if evals and all(isinstance(v, dict) for v in evals.values()):
-                evals = {name: self.dataset(("data", "eval", name), v) for name, v in evals.items()}
-            else:
-                evals = self.dataset(("data", "eval"), evals)
-            raw["eval"] = evals
-        processing = self.processing(table, raw)
-        return DataSpec(builtin=builtin, options=dict(options), train=train, eval=evals, **processing), raw
-
-    def processing(self, table: dict, raw: dict) -> dict:
-        """Check the keys that prepare datasets-library data (renames, tokenizing, packing)."""
-        given = [k for k in _PROCESSING_KEYS if k in table]
-        if given and table.get("builtin") is not None:
-            raise self.error(("data", given[0]), "cannot be combined with builtin (builtin data sets come "
-                             "tokenized)")
-        out: dict[str, Any] = {}
-        if "columns" in table:
-            columns = self.table(("data", "columns"), table["columns"])
-            for old, new in columns.items():
-                if not isinstance(new, str) or not new:
-                    raise self.error(("data", "columns", old), f"expected the new column name (a non-empty "
-                                     f"string), got {toml_repr(new)} ({kind_of(new)})")
-            out["columns"] = dict(columns)
-        if "text_column" in table:
-            out["text_column"] = self.string(("data", "text_column"), table["text_column"])
-        if "tokenizer" in table:
-            name = self.string(("data", "tokenizer"), table["tokenizer"])
-            if name != "char":
-                folder = self.path(name)
-                if not os.path.isdir(folder):
-                    raise self.error(("data", "tokenizer"), f'folder {name!r} does not exist; use "char" for '
-                                     "the built-in character tokenizer or a local transformers tokenizer folder")
-                if importlib.util.find_spec("transformers") is None:
-                    raise self.error(("data", "tokenizer"), "a tokenizer folder needs the transformers package "
-                                     "(pip install 'workbench[hf]'); or use tokenizer = \"char\"")
-                raw["tokenizer"] = name = folder
-            out["tokenizer"] = name
-        if "max_length" in table:
-            value = table["max_length"]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise self.error(("data", "max_length"), f"expected a positive integer (tokens), got "
-                                 f"{toml_repr(value)} ({kind_of(value)})")
-            out["max_length"] = value
-        if "packing" in table:
-            if not isinstance(table["packing"], bool):
-                raise self.error(("data", "packing"), f"expected true or false, got {toml_repr(table['packing'])} "
-                                 f"({kind_of(table['packing'])})")
-            out["packing"] = table["packing"]
-        for name in ("max_length", "packing"):
-            if name in table and "text_column" not in table:
-                raise self.error(("data", name), "applies when tokenizing: set text_column (the column of "
-                                 "text to tokenize)")
-        if out.get("packing") and "max_length" not in table:
-            raise self.error(("data", "packing"), "needs max_length (the block size in tokens)")
-        return out
-
-    def dataset(self, key: Key, table: Any) -> dict:
-        """Check ``datasets.load_dataset`` arguments and make local paths absolute."""
-        out = dict(self.table(key, table))
-        if "path" not in out:
-            raise self.error(key, 'missing path (the datasets.load_dataset builder or a local folder, '
-                             'e.g. path = "json")')
-        local = self.path(self.string(key + ("path",), out["path"]))
-        if os.path.exists(local):
-            out["path"] = local
-        elif os.path.splitext(out["path"])[1].lower() in _DATA_FILE_EXTENSIONS:
-            raise self.error(key + ("path",), f"file {out['path']!r} does not exist (looked for {local})")
-        if "data_files" in out:
-            out["data_files"] = self.data_files(key + ("data_files",), out["data_files"])
-        return out
-
-    def data_files(self, key: Key, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {split: self.data_files(key + (str(split),), v) for split, v in value.items()}
-        if isinstance(value, list):
-            return [self.data_file(key, v) for v in value]
-        return self.data_file(key, value)
-
-    def data_file(self, key: Key, value: Any) -> str:
-        if not isinstance(value, str) or not value:
-            raise self.error(key, "expected a file name, a list of them, or a table of split = file(s); "
-                             f"got {toml_repr(value)} ({kind_of(value)})")
-        if "://" in value:
-            return value
-        full = self.path(value)
-        if any(ch in value for ch in "*?[") and not glob.glob(full):
-            raise self.error(key, f"no file matches {value!r} (looked in {os.path.dirname(full)})")
-        if not any(ch in value for ch in "*?[") and not os.path.exists(full):
-            raise self.error(key, f"file {value!r} does not exist (looked for {full})")
-        return full
-
     def training(self, table: dict, run_name: str | None) -> tuple[TrainingArguments, dict]:
         fields = [f.name for f in dataclasses.fields(self.args_cls) if f.init]
         hints = _field_hints(self.args_cls)
@@ -550,12 +466,18 @@ class _Loader:
 
     def guard(self, table: dict) -> Guard:
         """The ``[guard]`` table as a :class:`Guard`; its own checks, located at the key."""
-        hints = _field_hints(Guard)
-        kwargs = {name: self.check_type(("guard", name), value, hints[name]) for name, value in table.items()}
+        return self.settings("guard", Guard, table, GUARD_FIELDS)
+
+    def settings(self, name: str, cls: type, table: Any, fields: Sequence[str]) -> Any:
+        """A settings table (``[guard]``, ``[health]``) as ``cls``: known keys, their types, then
+        the class's own checks, each problem located at its key."""
+        hints = _field_hints(cls)
+        self.table((name,), table, fields)
+        kwargs = {key: self.check_type((name, key), value, hints[key]) for key, value in table.items()}
         try:
-            return Guard(**kwargs)
+            return cls(**kwargs)
         except ArgumentError as exc:
-            raise self.error(("guard", exc.key) if exc.key else ("guard",), exc.reason) from None
+            raise self.error((name, exc.key) if exc.key else (name,), exc.reason) from None
 
     def hooks(self, table: dict) -> tuple[dict, dict, dict]:
         resolved, refs, raw = {}, {}, {}

@@ -22,6 +22,7 @@ from workbench.control.discovery import NoLiveRun, check_socket_owner, read_cont
 from workbench.control.protocol import (
     MAX_LINE, PROTOCOL_VERSION, ProtocolError, decode_reply, encode, event_from_dict, snapshot_from_dict)
 from workbench.control.series_delta import apply_delta
+from workbench.door.schedule import ScheduleSteering
 from workbench.door.values import ENDED, CheckpointRow, MemoryUsage, SessionEvent, Snapshot, Status
 
 __all__ = ["attach", "RemoteSession", "RemoteError", "Refused", "Dropped", "Connection", "resolve_target"]
@@ -71,7 +72,8 @@ def resolve_target(target: str | Path) -> dict[str, Any]:
 class Connection:
     """One socket to the server: request, reply; or a stream of events once subscribed."""
 
-    def __init__(self, info: Mapping[str, Any], token: str | None = None, timeout: float = 5.0) -> None:
+    def __init__(self, info: Mapping[str, Any], token: str | None = None, timeout: float = 5.0,
+                 client: str = "remote") -> None:
         self._ids = itertools.count(1)
         self._buffer = bytearray()
         self.timeout = timeout
@@ -91,7 +93,9 @@ class Connection:
             raise NoLiveRun(f"no live run answers at {where} ({exc.strerror or exc})") from None
         where = info.get("socket") or info.get("tcp")
         try:
-            self.hello = self.call("hello", token=token or info.get("token"))
+            # ``client`` names who connects (ctl, attach, remote): the run's console and the
+            # stop reason of a stop asked here say it (door/endings.py).
+            self.hello = self.call("hello", token=token or info.get("token"), client=client)
         except PermissionError:  # a wrong token: said as it is
             self.close()
             raise
@@ -175,20 +179,22 @@ class Connection:
                 yield event_from_dict(message["event"]), int(message["cursor"])
 
 
-class RemoteSession:
+class RemoteSession(ScheduleSteering):
     """SessionLike over the control protocol (see workbench.door.protocol for each call)."""
 
     # A branch started in the run's process serves its own folder: attach to it there (the
     # branch command's reply and the parent's events name it).
     successor = None
 
-    def __init__(self, info: Mapping[str, Any], token: str | None = None, timeout: float = 5.0) -> None:
+    def __init__(self, info: Mapping[str, Any], token: str | None = None, timeout: float = 5.0,
+                 client: str = "remote") -> None:
         self.info = dict(info)
         self.token = token
         self.timeout = timeout
+        self.client = client
         self._pool: list[Connection] = []
         self._pool_lock = threading.Lock()
-        first = Connection(self.info, token, timeout)
+        first = Connection(self.info, token, timeout, client)
         self.hello = first.hello
         self._pool.append(first)
         self._snapshot: Snapshot = Snapshot.empty()
@@ -231,7 +237,7 @@ class RemoteSession:
         if (info.get("pid"), info.get("started")) == (self.info.get("pid"), self.info.get("started")):
             return False
         try:
-            first = Connection(info, None, self.timeout)
+            first = Connection(info, None, self.timeout, self.client)
         except (NoLiveRun, OSError, ProtocolError, RemoteError):
             return False
         with self._pool_lock:
@@ -260,7 +266,7 @@ class RemoteSession:
         conn = self._pooled()
         reused = conn is not None
         if conn is None:
-            conn = Connection(self.info, self.token, self.timeout)
+            conn = Connection(self.info, self.token, self.timeout, self.client)
         try:
             result = conn.call(cmd, _wait=_wait, **args)
         except (Dropped, _Hangup, ConnectionResetError, BrokenPipeError):
@@ -420,7 +426,7 @@ class RemoteSession:
 
     def events(self, cursor: int = 0, timeout: float | None = None) -> Iterator[SessionEvent]:
         """Events as they happen (after ``cursor``), on a connection of their own, until the run ends."""
-        conn = Connection(self.info, self.token, self.timeout)
+        conn = Connection(self.info, self.token, self.timeout, self.client)
         try:
             for event, _ in conn.stream(cursor, timeout):
                 yield event
@@ -461,7 +467,9 @@ class RemoteSession:
     def resume(self) -> Status:
         return Status(self._call("resume"))
 
-    def stop(self, save: bool = True) -> Status:
+    def stop(self, save: bool = True, reason: str | None = None) -> Status:
+        """Stop the run (saving first unless ``save=False``). ``reason`` is not sent: the run
+        records this client's name (``client``) as the stop's reason."""
         return Status(self._call("stop", save=save))
 
     def save(self) -> Future:
@@ -478,6 +486,29 @@ class RemoteSession:
         self.validate_edits(changes, reason)  # refused here, at once, like the local Session's set()
         why = {"reason": reason} if reason is not None else {}
         return self._future("set", "applied", changes=changes, **why)
+
+    def fork(self, variants: Mapping[str, Mapping[str, Any]], steps: int, evaluate: bool = True,
+             max_memory: int | None = None, timeout: float = 3600.0) -> dict[str, Any]:
+        """Fork the paused run into variants (see Session.fork); waits up to ``timeout`` seconds
+        for the variants to train, then returns the report."""
+        return self._call("fork", _wait=timeout, variants={k: dict(v) for k, v in variants.items()}, steps=steps,
+                          evaluate=evaluate, **({"max_memory": max_memory} if max_memory is not None else {}))
+
+    def fork_cost(self, variants: Mapping[str, Mapping[str, Any]], steps: int,
+                  max_memory: int | None = None) -> dict[str, Any]:
+        return self._call("fork_cost", variants={k: dict(v) for k, v in variants.items()}, steps=steps,
+                          **({"max_memory": max_memory} if max_memory is not None else {}))
+
+    def keep(self, name: str, reason: str | None = None) -> dict[str, Any]:
+        return self._call("keep", name=name, **({"reason": reason} if reason is not None else {}))
+
+    def discard(self) -> None:
+        self._call("discard")
+
+    def lr_plan(self, schedule: Mapping[str, Any] | str | None = None) -> tuple[tuple[int, float], ...]:
+        """The planned learning rate for the rest of the run; with ``schedule``, after that change."""
+        reply = self._call("lr_plan", **({"schedule": schedule} if schedule is not None else {}))
+        return tuple((int(s), float(v)) for s, v in reply)
 
     # -- looking inside ------------------------------------------------------------------------------
 
@@ -536,16 +567,19 @@ class RemoteSession:
             raise RemoteError(f"the branch in {reply.get('output_dir')} serves no control endpoint")
         return RemoteSession(reply["control"], timeout=self.timeout)
 
-    def panel(self) -> Any:
-        """The Jupyter panel on this remote run (needs ipywidgets)."""
+    def panel(self, autopilot: Any = None) -> Any:
+        """The Jupyter panel on this remote run (needs ipywidgets); with ``autopilot``, its
+        Autopilot tab shows that autopilot's proposals and decisions."""
         from workbench.widgets.notebook import Panel
 
-        return Panel(self)
+        return Panel(self, autopilot=autopilot)
 
 
-def attach(target: str | Path, token: str | None = None, timeout: float = 5.0) -> RemoteSession:
+def attach(target: str | Path, token: str | None = None, timeout: float = 5.0,
+           client: str = "remote") -> RemoteSession:
     """Attach to the live run at ``target``: its output_dir (control.json says where it
     listens), or ``HOST:PORT`` of a TCP endpoint (pass ``token``). Raises NoLiveRun with
-    one line when nothing answers there (including a stale control.json)."""
+    one line when nothing answers there (including a stale control.json). ``client``: who
+    this is ("ctl", "attach", "remote"), said by the run when this client steers it."""
     info = resolve_target(target)
-    return RemoteSession(info, token=token, timeout=timeout)
+    return RemoteSession(info, token=token, timeout=timeout, client=client)

@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from workbench.control.client import RemoteError, RemoteSession, attach
+from workbench.control.ctl_commands import CTL_COMMANDS, resolve_command
 from workbench.control.discovery import NoLiveRun
 from workbench.core.exit_codes import EXIT_NO_RUN, EXIT_OK, EXIT_USAGE
 
 __all__ = ["run_ctl", "CTL_COMMANDS"]
-
-CTL_COMMANDS = ("status", "pause", "resume", "save", "eval", "stop", "set", "checkpoints")
 
 
 CHECKPOINT_USAGE = ("checkpoints [list | delete NAME | resume_from NAME [KEY=VALUE ...] | "
@@ -76,7 +75,7 @@ def _execute(session: RemoteSession, action: str, values: list[str], wait: bool,
     if action == "resume":
         return {"status": str(session.resume())}
     if action == "stop":
-        return {"status": str(session.stop(save=save))}
+        return {"status": str(session.stop(save=save)), "saved": save}
     if action == "save":
         return {"checkpoint": str(session.save().result())}
     if action == "eval":
@@ -98,17 +97,57 @@ def _print(action: str, result: Any) -> None:
             parts.append(f"lr {result['learning_rate']:.3g}")
         if result.get("steps_per_second"):
             parts.append(f"{result['steps_per_second']:.2f} steps/s")
+        if result.get("elapsed") is not None:  # training time; the pauses apart (issue 29)
+            from workbench.widgets.view import fmt_clock
+
+            paused = result.get("paused") or 0.0
+            parts.append(f"elapsed {fmt_clock(result['elapsed'])}" + (f" (paused {fmt_clock(paused)})" if paused >= 1
+                                                                      else ""))
         print(f"{result.get('run_name') or 'run'}: " + ", ".join(parts))
+        if result.get("health"):  # where the time goes, and a hang first (issue 27)
+            from types import SimpleNamespace
+
+            from workbench.widgets.view import health_line
+
+            line = health_line(SimpleNamespace(health=result["health"]))
+            if line:
+                print(line)
     elif action == "checkpoints" and isinstance(result, list):
         for row in result:
             state = "complete" if row["complete"] else "incomplete"
             print(f"{row['name']:<20} step {row['step']:>7} {state}{' *best' if row['best'] else ''}")
         if not result:
             print("no checkpoints yet")
+    elif action in ("pause", "resume", "stop") and isinstance(result, dict):
+        said = _STATUS_WORDS.get((action, result.get("status")), str(result.get("status")))
+        if action == "stop" and result.get("saved") is False and result.get("status") == "stopping":
+            said = "stopping: the run stops at the next step end, without saving"
+        print(said)
+    elif action == "eval" and isinstance(result, dict) and isinstance(result.get("metrics"), dict):
+        from workbench.core.records import is_timing_metric
+        from workbench.widgets.view import fmt_plain
+
+        shown = {k: v for k, v in result["metrics"].items() if not is_timing_metric(k) and k != "epoch"}
+        print(f"metrics: {fmt_plain(shown)}")
+    elif action == "save" and isinstance(result, dict) and "checkpoint" in result:
+        print(f"saved: {Path(str(result['checkpoint'])).name} ({result['checkpoint']})")
     elif isinstance(result, dict):
-        print(", ".join(f"{k}: {v}" for k, v in result.items()))
+        # Values as a person types them (applied: learning_rate 1e-4), never a Python repr;
+        # --json is the form for tools.
+        from workbench.widgets.view import fmt_plain
+
+        print("; ".join(f"{k.replace('_', ' ')}: {fmt_plain(v)}" for k, v in result.items()))
     else:
         print(result)
+
+
+# What pause, resume and stop answered, in words ("pausing" alone does not say when).
+_STATUS_WORDS = {
+    ("pause", "pausing"): "pausing: the run pauses at the next step boundary (--wait waits for it)",
+    ("pause", "paused"): "paused",
+    ("resume", "running"): "resumed: running",
+    ("stop", "stopping"): "stopping: the run saves a checkpoint and stops at the next step end",
+}
 
 
 def _last_words(target: str) -> str:
@@ -122,8 +161,10 @@ def _last_words(target: str) -> str:
 def run_ctl(target: str, action: str, values: list[str], as_json: bool = False, wait: bool = False,
             save: bool = True, token: str | None = None, reason: str | None = None) -> int:
     """Send one command to the run at ``target``; returns the exit code. ``reason``: set's why."""
-    if action not in CTL_COMMANDS:
-        print(f"workbench: ctl: unknown command {action!r}; use one of: {', '.join(CTL_COMMANDS)}", file=sys.stderr)
+    try:
+        action = resolve_command(action)  # "evaluate" is "eval"; a typo gets "did you mean"
+    except ValueError as exc:
+        print(f"workbench: ctl: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if reason is not None and action != "set":
         print(f"workbench: ctl {action}: --reason goes with set only", file=sys.stderr)
@@ -132,7 +173,7 @@ def run_ctl(target: str, action: str, values: list[str], as_json: bool = False, 
         print(f"workbench: ctl {action}: takes no arguments (got {' '.join(values)})", file=sys.stderr)
         return EXIT_USAGE
     try:
-        session = attach(target, token=token)
+        session = attach(target, token=token, client="ctl")
     except NoLiveRun as exc:
         print(f"workbench: {exc}{_last_words(target)}", file=sys.stderr)
         return EXIT_NO_RUN

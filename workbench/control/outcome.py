@@ -55,18 +55,11 @@ def last_outcome(output_dir: str | os.PathLike, pid: object = None) -> dict[str,
 
 
 def describe_outcome(outcome: Mapping[str, Any]) -> str:
-    """One line: how the run ended and the exit code ``workbench run`` gave it."""
-    step, status, reason = outcome.get("step"), outcome.get("status"), outcome.get("stop_reason")
-    at = f" at step {step}" if step is not None else ""
-    if status == "failed":
-        text = f"failed{at}"
-    elif reason:
-        saved = "checkpoint saved" if outcome.get("saved", True) else "not saved"
-        text = f"stopped by {reason}{at} ({saved})"
-    else:
-        text = f"{status or 'ended'}{at}"
-    code = outcome.get("exit_code")
-    return f"the run {text}" + (f", exit code {code}" if code is not None else "")
+    """One line: how the run ended and the exit code ``workbench run`` gave it (the words
+    are door/endings.py's, the same in every front-end)."""
+    from workbench.door.endings import describe_end_record
+
+    return f"the run {describe_end_record(outcome)}"
 
 
 def end_note(output_dir: str | os.PathLike | None, pid: object = None) -> str:

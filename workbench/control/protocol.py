@@ -39,7 +39,7 @@ MAX_LINE = 1 << 20  # 1 MiB: a longer line is a protocol error (the connection i
 COMMANDS = frozenset({
     "hello", "status", "snapshot", "events", "series", "arguments", "memory",
     "pause", "resume", "stop", "save", "evaluate", "validate", "set", "inspect", "sample",
-    "checkpoints", "parse_overrides", "check_branch",
+    "checkpoints", "parse_overrides", "check_branch", "lr_plan", "fork", "fork_cost", "keep", "discard",
 })
 
 
@@ -156,6 +156,7 @@ def snapshot_from_dict(data: Mapping[str, Any], series: Mapping[str, tuple] | No
     fields["checkpoints"] = tuple(CheckpointRow.from_dict(r) for r in fields.get("checkpoints") or ())
     fields["edits"] = tuple(dict(e) for e in fields.get("edits") or ())
     fields["interventions"] = tuple(Intervention.from_record(r) for r in fields.get("interventions") or ())
+    fields["lr_plan"] = tuple((int(s), float(v)) for s, v in fields.get("lr_plan") or ())
     known = Snapshot.__dataclass_fields__
     return Snapshot(**{k: v for k, v in fields.items() if k in known})
 

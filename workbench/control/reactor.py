@@ -98,6 +98,7 @@ class Link:
     def __init__(self, sock: socket.socket, authed: bool, now: float) -> None:
         self.sock = sock
         self.authed = authed  # Unix peers are the owner; TCP ones once they presented the token
+        self.client = "remote"  # who it is, as its hello said (ctl, attach): stops and console lines name it
         self.subscribed = False
         self.cursor = 0  # a subscribed connection's position in the event history
         self.inbuf = bytearray()

@@ -69,6 +69,14 @@ def _name(key: str, value: Any) -> str:
     return value
 
 
+def _client(key: str, value: Any) -> str:
+    """Who connects (door/endings.py's CLIENTS: ctl, attach, remote); another name is a client
+    this version does not know, told as a script is."""
+    from workbench.door.endings import CLIENTS
+
+    return value if isinstance(value, str) and value in CLIENTS else "remote"
+
+
 def _optional(check: Check) -> Check:
     return lambda key, value: None if value is None else check(key, value)
 
@@ -81,6 +89,22 @@ def _names(key: str, value: Any) -> list[str]:
 
 def _reason(key: str, value: Any) -> str | None:
     return check_reason(value)  # the Session's own rule: text, one line, at most MAX_REASON characters
+
+
+def _schedule(key: str, value: Any) -> dict[str, Any]:
+    return parse_edit("schedule", value)  # a schedule change: the one rule (core/schedule_edits.py)
+
+
+def _variants(key: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict) or not value or not all(isinstance(v, dict) for v in value.values()):
+        raise ValueError(f"{key}: expected the variants by name, e.g. {{\"a\": {{\"learning_rate\": 1e-3}}, \"b\": {{}}}}")
+    for name, changes in value.items():
+        for item, setting in changes.items():
+            try:
+                parse_edit(item, setting)  # each variant's edits by the one rule per key
+            except ValueError as exc:
+                raise ValueError(f"{key}: {name}: {exc}") from None
+    return value
 
 
 def _changes(key: str, value: Any) -> dict[str, Any]:
@@ -116,7 +140,7 @@ _WAIT = {"wait": (_boolean, True), "timeout": (_number(0.0, MAX_WAIT_S), 120.0)}
 
 # Per command: argument -> (check, default); _REQUIRED marks an argument a request must give.
 SCHEMAS: dict[str, dict[str, tuple[Check, Any]]] = {
-    "hello": {"token": (_optional(_text), None)},
+    "hello": {"token": (_optional(_text), None), "client": (_optional(_client), None)},
     "status": {}, "arguments": {}, "memory": {}, "inspect": {}, "resume": {},
     "snapshot": {"since": (_optional(_number(0.0, math.inf)), None), "series": (_boolean, True),
                  "series_since": (_optional(_text), None), "series_delta": (_optional(_whole(1, 2)), None)},
@@ -127,6 +151,14 @@ SCHEMAS: dict[str, dict[str, tuple[Check, Any]]] = {
     "save": dict(_WAIT), "evaluate": dict(_WAIT),
     "validate": {"changes": (_changes, _REQUIRED), "reason": (_reason, None)},
     "set": {"changes": (_changes, _REQUIRED), "reason": (_reason, None), **_WAIT},
+    "lr_plan": {"schedule": (_optional(_schedule), None)},
+    # A/B forks from the paused run (session/fork_commands.py); a fork trains, so it may take a while.
+    "fork": {"variants": (_variants, _REQUIRED), "steps": (_whole(1, 100_000), _REQUIRED), "evaluate": (_boolean, True),
+             "max_memory": (_optional(_whole(0, 2**62)), None)},
+    "fork_cost": {"variants": (_variants, _REQUIRED), "steps": (_whole(1, 100_000), _REQUIRED),
+                  "max_memory": (_optional(_whole(0, 2**62)), None)},
+    "keep": {"name": (_text, _REQUIRED), "reason": (_reason, None)},
+    "discard": {},
     # sample's own options are checked together (check_sample_options), below
     "sample": {"prompt": (_text, _REQUIRED), "max_new_tokens": (None, 64), "temperature": (None, 0.8),
                "top_k": (None, 20), "seed": (None, 0)},

@@ -49,6 +49,7 @@ __all__ = ["ControlServer", "MAX_CLIENTS", "SEND_TIMEOUT"]
 
 log = logging.getLogger("workbench")
 
+_TOLD = frozenset({"pause", "resume", "stop", "save", "evaluate", "set", "checkpoints"})  # steering commands
 POLL_S = 0.1  # how often subscribed connections look for new events when the Session has no doorbell
 _ANSWERED = (ValueError, RuntimeError, TypeError, KeyError, TimeoutError, OSError)  # the Session's refusals
 
@@ -73,6 +74,15 @@ def _error_line(ident: int | None, error: BaseException | str) -> bytes:
     return encode(reply_error(ident, error))
 
 
+def new_token() -> str:
+    """A TCP endpoint's secret: 192 random bits as hex.
+
+    Hex, not URL-safe base64: a token that began with ``-`` (one in 64 of those) read as an
+    option to ``workbench ctl HOST:PORT status --token TOKEN`` and the command refused it.
+    """
+    return secrets.token_hex(24)
+
+
 class ControlServer:
     """Serve one Session over a Unix socket (default) or TCP (``port``; token required)."""
 
@@ -82,8 +92,11 @@ class ControlServer:
         self.output_dir = Path(output_dir)
         self.port = port
         self.host = host or "127.0.0.1"  # loopback unless the user names another address
-        self.token = secrets.token_urlsafe(24) if port is not None else None
+        self.token = new_token() if port is not None else None
         self.info: dict[str, Any] = {}
+        # Where the run tells what its clients did, one line each (the CLI's console: headless
+        # runs print it); None: nowhere (the dashboard's event log shows the events already).
+        self.announce: Callable[[str], None] | None = None
         self._listener: socket.socket | None = None
         self._closing = threading.Event()
         self._serial = threading.Lock()  # one command at a time into the Session
@@ -101,10 +114,17 @@ class ControlServer:
         # ... and on a worker thread each: these take the Session's lock, read files or wait.
         self._workers: dict[str, Callable[[dict], Any]] = {
             "memory": lambda a: session.memory().to_dict(), "pause": self._pause,
-            "resume": lambda a: str(session.resume()), "stop": lambda a: str(session.stop(save=a["save"])),
+            "resume": lambda a: str(session.resume()),
+            # The stop's reason is the client's name: the end record and every front-end say who stopped it.
+            "stop": lambda a: str(session.stop(save=a["save"], reason=a["client"])),
             "save": self._save, "evaluate": self._evaluate, "set": self._set,
             "inspect": lambda a: session.inspect(), "sample": self._sample, "checkpoints": self._checkpoints,
             "check_branch": self._check_branch,
+            "lr_plan": lambda a: [list(p) for p in session.lr_plan(a["schedule"])],
+            "fork": lambda a: session.fork(a["variants"], a["steps"], evaluate=a["evaluate"], max_memory=a["max_memory"]),
+            "fork_cost": lambda a: session.fork_cost(a["variants"], a["steps"], max_memory=a["max_memory"]),
+            "keep": lambda a: session.keep(a["name"], **self._reason(a)),
+            "discard": lambda a: session.discard(),
         }
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -213,7 +233,29 @@ class ControlServer:
         if inline is not None:
             return self._reply(ident, cmd, lambda: inline(args, link))
         work = self._workers[cmd]
-        return Deferred(lambda: self._reply(ident, cmd, lambda: work(args)))
+        args["client"] = link.client
+        return Deferred(lambda: self._reply(ident, cmd, lambda: self._steered(cmd, args, work)))
+
+    def _steered(self, cmd: str, args: dict, work: Callable[[dict], Any]) -> Any:
+        """Run a worker command; a steering one (pause, resume, stop, save, evaluate, set, a
+        checkpoint action) is then told on the run's own console, when it has one (announce.py)."""
+        result = work(args)
+        announce = self.announce
+        if announce is None or cmd not in _TOLD:
+            return result
+        from workbench.control.announce import announcement, tell_when_paused
+
+        try:
+            if cmd == "pause":
+                tell_when_paused(lambda: self.session.status, lambda: self.session.snapshot().step, args["client"],
+                                 announce)
+            else:
+                line = announcement(cmd, args, result, args["client"], self.session.snapshot().step)
+                if line:
+                    announce(line)
+        except Exception as exc:  # noqa: BLE001 - telling must never fail the command it tells
+            log.debug("control: could not announce %s: %s", cmd, exc)
+        return result
 
     @staticmethod
     def _reply(ident: int, cmd: str, fn: Callable[[], Any]) -> bytes:
@@ -284,6 +326,7 @@ class ControlServer:
     # -- commands ---------------------------------------------------------------------------
 
     def _hello(self, args: dict, link: Link) -> dict:
+        link.client = args["client"] or "remote"
         snap = self.session.snapshot()
         return {"protocol": PROTOCOL_VERSION, "pid": os.getpid(), "host": socket.gethostname(),
                 "started": self.info.get("started"), "run_name": snap.run_name, "output_dir": snap.output_dir,
@@ -294,7 +337,9 @@ class ControlServer:
         return {"status": str(self.session.status), "stop_reason": self.session.stop_reason, "step": snap.step,
                 "max_steps": snap.max_steps, "epoch": snap.epoch, "steps_per_second": snap.steps_per_second,
                 "eta": snap.eta, "loss": snap.latest("loss"), "learning_rate": snap.latest("learning_rate"),
-                "best_metric": snap.best_metric, "run_name": snap.run_name, "output_dir": snap.output_dir}
+                "elapsed": snap.elapsed, "paused": snap.paused,  # training time, and the pauses apart
+                "best_metric": snap.best_metric, "run_name": snap.run_name, "output_dir": snap.output_dir,
+                "health": snap.health}
 
     def _snapshot(self, args: dict, link: Link) -> bytes:
         """The snapshot's fields (encoded once per published snapshot) and its curves: whole,

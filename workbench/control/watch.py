@@ -2,7 +2,7 @@
 
 A live run is attached to and wrapped so that nothing can steer it (:class:`ReadOnly`); a
 finished, stopped or crashed run is rebuilt from its files (:class:`RecordedRun`):
-events.jsonl gives the curves, edits and how it ended, the checkpoint store its catalog.
+events.jsonl gives the curves, edits, samples and how it ended, the checkpoint store its catalog.
 Both are SessionLike, so the dashboard shows them unchanged; every command is refused with
 one line saying why.
 """
@@ -19,10 +19,11 @@ from workbench.door.values import (
     SNAPSHOT_EDITS, SNAPSHOT_INTERVENTIONS, CheckpointRow, Intervention, MemoryUsage, SeriesStore, SessionEvent,
     Snapshot, Status)
 
-__all__ = ["RecordedRun", "ReadOnly", "open_watch"]
+__all__ = ["RecordedRun", "ReadOnly", "open_watch", "text_summary"]
 
+# events.jsonl's record names -> the SessionEvent kinds a live Session emits for them.
 _EVENT_KINDS = {"log": "logged", "eval": "evaluated", "save": "saved", "pause": "paused", "resume": "resumed",
-                "edit": "edited", "start": "started", "end": "finished", "error": "failed"}
+                "edit": "edited", "start": "started", "end": "finished", "error": "failed", "sample": "sampled"}
 
 
 class _Refusing:
@@ -49,7 +50,7 @@ class _Refusing:
     def resume(self) -> Status:
         return self._refuse("resume")
 
-    def stop(self, save: bool = True) -> Status:
+    def stop(self, save: bool = True, reason: str | None = None) -> Status:
         return self._refuse("stop")
 
     def save(self) -> Future | Path:
@@ -63,6 +64,25 @@ class _Refusing:
 
     def set(self, reason: str | None = None, **changes: Any) -> Any:
         return self._refuse("set")
+
+    def fork(self, variants: Mapping[str, Mapping[str, Any]], steps: int, evaluate: bool = True,
+             max_memory: int | None = None) -> dict[str, Any]:
+        return self._refuse("fork")
+
+    def fork_cost(self, variants: Mapping[str, Mapping[str, Any]], steps: int,
+                  max_memory: int | None = None) -> dict[str, Any]:
+        return self._refuse("fork")
+
+    def keep(self, name: str, reason: str | None = None) -> dict[str, Any]:
+        return self._refuse("keep")
+
+    def discard(self) -> None:
+        self._refuse("discard")
+
+    def lr_plan(self, schedule: Mapping[str, Any] | str | None = None) -> tuple[tuple[int, float], ...]:
+        if schedule is not None:
+            return self._refuse("set")
+        return self.snapshot().lr_plan  # type: ignore[attr-defined] - both read-only runs have one
 
     def inspect(self) -> dict[str, Any]:
         return self._refuse("inspect")
@@ -114,9 +134,16 @@ class RecordedRun(_Refusing):
         series = SeriesStore()
         status, error, max_steps, step, run_name, edits = Status.STOPPED, None, 0, 0, None, []
         interventions: list[Intervention] = []
-        first = last = None
+        health: dict[str, Any] = {}  # the end record's time ledger, the last log's rates, a hang
+        first = last = paused_at = None
+        paused = 0.0  # seconds between pause and resume records: not training time
         for r in records:
             kind, at = r.get("event"), int(r.get("step", 0))
+            if kind == "pause" and paused_at is None:
+                paused_at = r.get("time")
+            elif kind in ("resume", "start", "end", "error") and isinstance(paused_at, (int, float)):
+                paused += max(float(r.get("time", paused_at)) - paused_at, 0.0)
+                paused_at = None
             step = max(step, at)
             first = r.get("time") if first is None else first
             last = r.get("time", last)
@@ -126,6 +153,13 @@ class RecordedRun(_Refusing):
                 self._stop_reason = None
             elif kind == "log":
                 series.add_log(at, r)
+                rates = {k: r[k] for k in ("train_samples_per_second", "train_tokens_per_second", "mfu") if k in r}
+                if rates:
+                    health["throughput"] = rates
+            elif kind == "hang":
+                health["hang"] = {k: v for k, v in r.items() if k != "event"}
+            elif kind == "straggler":
+                health.setdefault("stragglers", {"ranks": []})["ranks"].append(r)
             elif kind == "eval":
                 series.add_eval(at, {k: v for k, v in r.items() if k not in ("event", "step", "time", "epoch")})
             elif kind == "edit":
@@ -135,15 +169,19 @@ class RecordedRun(_Refusing):
             elif kind == "end":
                 status = Status.FINISHED if r.get("status") == "finished" else Status.STOPPED
                 self._stop_reason = r.get("stop_reason")
+                if r.get("time_ledger"):
+                    health["ledger"] = r["time_ledger"]
+                health.pop("hang", None)  # a resumed run that ended is past its hang
             elif kind == "error":
                 status, error = Status.FAILED, r.get("error")
         elapsed = float(last - first) if isinstance(first, (int, float)) and isinstance(last, (int, float)) else 0.0
-        return Snapshot(status=status, step=step, max_steps=max_steps, elapsed=elapsed, series=series.frozen(),
+        return Snapshot(status=status, step=step, max_steps=max_steps, elapsed=max(elapsed - paused, 0.0),
+                        paused=paused, stop_reason=self._stop_reason, series=series.frozen(),
                         checkpoints=tuple(self._rows), edits=tuple(edits[-SNAPSHOT_EDITS:]), edit_count=len(edits),
                         error=error,
                         interventions=tuple(interventions[-SNAPSHOT_INTERVENTIONS:]),
                         guard_interventions=len(interventions), run_name=run_name,
-                        output_dir=str(self.output_dir), updated=float(last or 0.0))
+                        output_dir=str(self.output_dir), updated=float(last or 0.0), health=health or None)
 
     @property
     def status(self) -> Status:
@@ -207,6 +245,26 @@ class ReadOnly(_Refusing):
 
     def wait(self, timeout: float | None = None) -> Status:
         return self.remote.wait(timeout)
+
+
+def text_summary(session: Any) -> list[str]:
+    """The run in plain lines, for ``workbench watch`` whose output is not a terminal (a pipe,
+    a file, CI): how it ended or where it is, the best checkpoint, the final metrics, the
+    checkpoints and the files; no escape codes."""
+    from workbench.widgets.view import TERMINAL, elapsed_text, progress_line, summary_lines
+
+    snap = session.snapshot()
+    lines = summary_lines(snap)
+    name = snap.run_name or Path(snap.output_dir or ".").name
+    lines[0] = f"{name}: {lines[0]}"
+    if snap.status not in TERMINAL:  # a live run: where it is now, and how to follow or steer it
+        lines.insert(1, f"{progress_line(snap)} · {elapsed_text(snap)}")
+        lines.append(f"live: workbench watch {snap.output_dir} on a terminal follows it; workbench attach / ctl steer it")
+    rows = list(session.checkpoints)
+    if rows:
+        shown = ", ".join(row.name for row in rows[-5:])
+        lines.append(f"checkpoints: {shown}" + (f" (and {len(rows) - 5} older)" if len(rows) > 5 else ""))
+    return lines
 
 
 def open_watch(output_dir: str | Path) -> RecordedRun | ReadOnly:

@@ -49,16 +49,19 @@ class Event(enum.StrEnum):
     ON_LOG = "on_log"
     ON_PREDICTION_STEP = "on_prediction_step"
     ON_PUSH_BEGIN = "on_push_begin"
-    # workbench additions: a run that fails, so sinks can record the error.
+    # workbench additions: a run that fails, so sinks can record the error; the answers a
+    # SamplesCallback generated (train/samples.py), so sinks and the Session show them.
     ON_ERROR = "on_error"
+    ON_SAMPLE = "on_sample"
 
 
 class TrainerCallback(abc.ABC):
     """Base class with every hook of the HF Trainer; override the ones you need.
 
     Hooks receive ``(args, state, control, **kwargs)`` with kwargs such as model,
-    optimizer, lr_scheduler, train_dataloader, eval_dataloader, metrics, logs. Returning a
-    ``TrainerControl`` replaces the control object, as in transformers.
+    optimizer, lr_scheduler, train_dataloader, eval_dataloader, metrics, logs, and (a workbench
+    addition) ``callback_handler``, through which a callback can tell the others something
+    (``on_sample``). Returning a ``TrainerControl`` replaces the control object, as in transformers.
 
     A ``transformers.TrainerCallback`` is one as well: ``isinstance(cb, TrainerCallback)``
     is True for it (workbench does not import transformers, so the converse is not).
@@ -87,6 +90,7 @@ class TrainerCallback(abc.ABC):
     def on_prediction_step(self, args, state, control, **kwargs): ...
     def on_push_begin(self, args, state, control, **kwargs): ...
     def on_error(self, args, state, control, error=None, **kwargs): ...
+    def on_sample(self, args, state, control, samples=None, **kwargs): ...
 
 
 # Classes both families have, with the same name and meaning: either one stands for the other
@@ -230,7 +234,7 @@ class CallbackHandler(TrainerCallback):
         # Built once per event, not once per callback: this runs several times a step.
         kwargs = {"model": self.model, "processing_class": self.processing_class, "optimizer": self.optimizer,
                   "lr_scheduler": self.lr_scheduler, "train_dataloader": self.train_dataloader,
-                  "eval_dataloader": self.eval_dataloader, **kwargs}
+                  "eval_dataloader": self.eval_dataloader, "callback_handler": self, **kwargs}
         for hook in targets:
             result = hook(args, state, control, **kwargs)
             if result is not None:
@@ -304,6 +308,10 @@ class CallbackHandler(TrainerCallback):
 
     def on_error(self, args, state, control, error):
         return self.call_event(Event.ON_ERROR, args, state, control, error=error)
+
+    def on_sample(self, args, state, control, samples):
+        """``samples``: the answers of one sample point, ``[{"prompt", "answer", "tokens"}]``."""
+        return self.call_event(Event.ON_SAMPLE, args, state, control, samples=samples)
 
 
 def rebuilt_callback(cls: type, state: dict[str, Any]) -> Any:

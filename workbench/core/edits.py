@@ -1,6 +1,7 @@
 """Live edits: the one rule for each editable hyperparameter, and how an edit is applied.
 
-An edit (learning rate or LR scale, step intervals, max_steps, epochs) is validated here,
+An edit (learning rate or LR scale, step intervals, max_steps, epochs, a change of the
+schedule's shape: core/schedule_edits.py) is validated here,
 once, whoever asks for it: the Session, a front-end's form, a remote client, a rank
 following rank 0, a resume that replays the run's edits, the guard's ``lr_backoff``.
 """
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.core.args.values import check_learning_rate, learning_rate_problem  # noqa: F401 - part of this module's API
 from workbench.core.records import RECORD_FIELDS, edit_changes  # noqa: F401 - part of this module's API
+from workbench.core.schedule_edits import install_schedule, parse_schedule, rebuild_schedules, resolve_schedule
 
 if TYPE_CHECKING:
     from workbench.core.run import Run
@@ -45,6 +47,8 @@ EDITABLE: dict[str, Callable[[Any], None]] = {
     "logging_steps": _positive_int("logging_steps"),
     "eval_steps": _positive_int("eval_steps"),
     "save_steps": _positive_int("save_steps"),
+    # A change of the schedule's shape (decay_now, extend, rewarm, scale_peak): core/schedule_edits.py.
+    "schedule": parse_schedule,
 }
 # The type a value typed as text is read as (a form field, a remote command).
 _WHOLE = ("max_steps", "logging_steps", "eval_steps", "save_steps")
@@ -78,7 +82,13 @@ def parse_edit(key: str, value: Any) -> Any:
     it will be applied (an int for step counts, a float or int otherwise).
     """
     if key not in EDITABLE:
-        raise ValueError(f"{key}: not editable live; editable: {', '.join(EDITABLE)}")
+        import difflib
+
+        close = difflib.get_close_matches(key, EDITABLE, n=1, cutoff=0.6)  # a typo gets its fix named
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ValueError(f"{key}: not editable live{hint}; editable: {', '.join(EDITABLE)}")
+    if key == "schedule":  # an operation and its arguments (a dict, or text as typed)
+        return parse_schedule(value)
     if isinstance(value, str):
         text = value.strip()
         whole = key in _WHOLE
@@ -105,6 +115,10 @@ def validate_edits(changes: Mapping[str, Any], current_step: int = 0) -> dict[st
     parsed = {key: parse_edit(key, value) for key, value in changes.items()}
     if "learning_rate" in parsed and "lr_scale" in parsed:
         raise ValueError("set the learning rate or scale it, not both")
+    # A schedule change sets the rate and (decay_now, extend) max_steps itself: which would win?
+    clashing = [k for k in ("learning_rate", "lr_scale", "max_steps", "num_train_epochs") if k in parsed]
+    if "schedule" in parsed and clashing:
+        raise ValueError(f"schedule: change the schedule or {clashing[0]}, not both in one edit")
     if "max_steps" in parsed and parsed["max_steps"] < current_step:
         raise ValueError(f"max_steps: {parsed['max_steps']} is below the current step {current_step}")
     return parsed
@@ -132,6 +146,14 @@ def apply_edit(run: "Run", key: str, value: Any) -> Any:
         _set_base_lrs(run, [float(value)] * len(run.lr_scheduler.base_lrs))
     elif key == "lr_scale":
         _set_base_lrs(run, [base * float(value) for base in run.lr_scheduler.base_lrs])
+    elif key == "schedule":
+        # Resolved against this point of the run; the record keeps the resolved numbers, so
+        # the other ranks and a resume apply exactly this.
+        value = resolve_schedule(run, value)
+        if value["op"] == "scale_peak":
+            _set_base_lrs(run, [base * float(value["factor"]) for base in run.lr_scheduler.base_lrs])
+        else:
+            install_schedule(run, value)
     elif key == "max_steps":
         if value < state.global_step:
             raise ValueError(f"max_steps: {value} is below the current step {state.global_step}")
@@ -170,3 +192,7 @@ def replay_edits(run: "Run") -> None:
                 run.state.max_steps = int(value)
             elif key == "num_train_epochs" and per_epoch:
                 run.state.max_steps = math.ceil(per_epoch * value)
+            elif key == "schedule" and isinstance(value, Mapping) and "new_max_steps" in value:
+                run.state.max_steps = int(value["new_max_steps"])
+    # The schedule's shape changes are closures scheduler.pt does not hold: built again here.
+    rebuild_schedules(run)

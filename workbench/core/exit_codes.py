@@ -1,20 +1,22 @@
 """The process exit codes of ``workbench`` commands, in one place (the README lists them).
 
 0 finished; 1 training failed; 2 a usage or config error (one line on stderr); 3 no live run
-answers (``workbench ctl``); 129 stopped by SIGHUP (the terminal closed) after a checkpoint;
+answers (``workbench ctl``), or a run stopped itself after a hang (``hang_action = "stop"``:
+a scheduler restarts it, and ``--resume`` goes on from the last checkpoint); 129 stopped by SIGHUP (the terminal closed) after a checkpoint;
 130 Ctrl-C or a stop without saving; 143 stopped by SIGTERM after the just-in-time checkpoint
 (schedulers must see "preempted", not "finished").
 """
 
 from __future__ import annotations
 
-__all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_NO_RUN", "EXIT_HANGUP", "EXIT_INTERRUPTED", "EXIT_TERMINATED",
+__all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_NO_RUN", "EXIT_HUNG", "EXIT_HANGUP", "EXIT_INTERRUPTED", "EXIT_TERMINATED",
            "OUTCOME_CODES", "run_exit_code"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_NO_RUN = 3
+EXIT_HUNG = 3  # workbench run: a step stood still for hang_timeout (distributed/health.py); not a failure
 EXIT_HANGUP = 129
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143

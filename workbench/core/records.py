@@ -83,7 +83,8 @@ class CheckpointRow(_PlainRecord):
 class MemoryUsage(_PlainRecord):
     """One memory reading, in bytes (train/memory.py takes it): the model's own tensors
     (exact), the device's allocator counters (None where the device keeps none, e.g. the
-    CPU) and the host process."""
+    CPU) and the host process. ``frozen_parameters`` is the part of ``parameters`` that
+    does not train (a LoRA run's base model; 0 when every parameter trains)."""
 
     parameters: int
     gradients: int
@@ -94,6 +95,7 @@ class MemoryUsage(_PlainRecord):
     device_peak: int | None
     host_rss: int
     host_peak: int
+    frozen_parameters: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The reading as a plain dict (numbers and a word: no deep copy needed, and a control

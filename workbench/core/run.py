@@ -130,6 +130,12 @@ class Run(ABC):
     last_inputs: Any = None  # the newest micro-batch (a reference, for inspection while paused)
     current_flos: float = 0.0
     current_gradient_accumulation_steps: int = 1
+    # Run health (core/ledger.py, distributed/health.py): where the wall time goes, the
+    # watchdog of the train() under way, and who hears of a hang or a straggler (a Session).
+    ledger: Any = None
+    health: Any = None  # the Health settings
+    health_monitor: Any = None
+    health_listeners: list = []
 
     # What the Trainer's constructor learned about the model and the user's choices.
     guard: Any = None  # the Guard settings (workbench/guard/settings.py); None: off
@@ -228,6 +234,11 @@ class Run(ABC):
                 return self.evaluate()
             finally:
                 model.train(was_training)
+
+    @abstractmethod
+    def fork_between_steps(self, action: str, order: dict[str, Any]) -> None:
+        """On a rank other than 0 of a paused run: take part in rank 0's fork, keep or discard
+        (``order`` as rank 0 decided it; train/forking.py)."""
 
 
 # -- steering gates ----------------------------------------------------------------------

@@ -69,7 +69,7 @@ class ExportableState(abc.ABC):
 
 
 # workbench's own run state, kept out of trainer_state.json (in workbench_state.json).
-WORKBENCH_STATE_FIELDS = ("live_edits", "loss_window", "guard", "position")
+WORKBENCH_STATE_FIELDS = ("live_edits", "loss_window", "guard", "position", "memory")
 
 
 @dataclass
@@ -166,6 +166,9 @@ class WorkbenchState:
     loss_window: dict[str, Any] | None = None
     guard: dict[str, Any] | None = None
     position: dict[str, Any] | None = None  # the loop's position (core/run.py LoopPosition)
+    # The device memory at the save, for the forecast of a resume with a larger batch
+    # (train/memory.py forecast_problem): peak, model tensors, rows a micro-batch, total.
+    memory: dict[str, Any] | None = None
 
     def to_json_string(self) -> str:
         """workbench_state.json's text (``format`` 1)."""

@@ -6,6 +6,8 @@
   Hub data sets when the Hub is reachable; offline, a cached copy is used or the error says
   how to use a local file instead -- at once, without network retries.
 * Column renames (``columns = { question = "text" }``).
+* Chat and instruction rows (``format = "messages"`` or ``"prompt-completion"``), prepared by
+  workbench/data/chat.py with labels on the answers only, cached the same way.
 * Tokenization of ``text_column`` with the built-in CharTokenizer (``tokenizer = "char"``) or
   a transformers tokenizer from a local folder, truncated to ``max_length``; or, with
   ``packing = true``, texts concatenated and cut into blocks of ``max_length`` tokens for a
@@ -24,7 +26,9 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import socket
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -256,12 +260,13 @@ def load_tokenizer(name: str) -> Any:
 
 
 def run_tokenizer(run: Any) -> Any:
-    """The tokenizer ``[data]`` asks for: ``tokenizer`` if set; with a ``text_column`` and no
-    tokenizer, the ``[model] pretrained`` folder's tokenizer, else the CharTokenizer; else None."""
+    """The tokenizer ``[data]`` asks for: ``tokenizer`` if set; with a ``text_column`` or a
+    ``format`` and no tokenizer, the ``[model] pretrained`` folder's tokenizer, else the
+    CharTokenizer; else None."""
     data = run.data
     if data.tokenizer is not None:
         return load_tokenizer(data.tokenizer)
-    if data.text_column is None:
+    if data.text_column is None and getattr(data, "format", None) is None:
         return None
     return load_tokenizer(run.model.pretrained or "char")
 
@@ -324,7 +329,8 @@ def check_text_column(dataset: Any, text_column: str, where: str = "data.text_co
 
 def tokenize_dataset(dataset: Any, tokenizer: Any, *, text_column: str, max_length: int | None = None,
                      packing: bool = False, length_column: str | None = None, cache_dir: str | Path | None = None,
-                     desc: str = "Tokenizing", progress: bool = True, where: str = "data.text_column") -> Any:
+                     desc: str = "Tokenizing", progress: bool = True, where: str = "data.text_column",
+                     in_memory: bool = False) -> Any:
     """Tokenize ``text_column`` of ``dataset`` with ``Dataset.map``, cached in ``cache_dir``.
 
     Without packing, ``text_column`` is replaced by ``input_ids`` (plus what the tokenizer
@@ -332,7 +338,8 @@ def tokenize_dataset(dataset: Any, tokenizer: Any, *, text_column: str, max_leng
     stay; ``length_column`` adds each sample's length for the length-aware samplers. With
     ``packing``, all columns are replaced by ``max_length``-token blocks of ``input_ids`` and
     identical ``labels``. The cache file name hashes the source data's fingerprint and every
-    option, so a changed input or option never reuses a stale result.
+    option, so a changed input or option never reuses a stale result. ``in_memory`` keeps
+    the result in memory (no cache file anywhere).
     """
     columns = list(dataset.column_names or [])
     check_text_column(dataset, text_column, where)
@@ -357,8 +364,63 @@ def tokenize_dataset(dataset: Any, tokenizer: Any, *, text_column: str, max_leng
         folder = Path(cache_dir)
         folder.mkdir(parents=True, exist_ok=True)
         kwargs.update(cache_file_name=str(folder / f"tokenized-{key}.arrow"), load_from_cache_file=True)
+    elif in_memory:
+        kwargs.update(keep_in_memory=True)
     with _progress(progress):
         return dataset.map(function, batched=True, fn_kwargs=fn_kwargs, remove_columns=remove, desc=desc, **kwargs)
+
+
+def _prepare_chat(dataset: Any, tokenizer: Any, data: Any, *, where: str, label: str, length_column: str | None,
+                  cache_dir: Path | None, progress: bool) -> Any:
+    """``format`` rows through workbench/data/chat.py, cached under a name that changes with the
+    source data, every option and the tokenizer (its files and its chat template)."""
+    from workbench.data.chat import VERSION, prepare_chat_dataset
+
+    options = {"source": getattr(dataset, "_fingerprint", None), "rows": len(dataset) if hasattr(dataset, "__len__")
+               else None, "format": data.format, "completion_only_loss": data.completion_only_loss,
+               "max_length": data.max_length, "packing": data.packing, "length_column": length_column,
+               "tokenizer": _tokenizer_identity(tokenizer), "chat_template": getattr(tokenizer, "chat_template", None),
+               "version": VERSION}
+    key = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    cache_file = None
+    if cache_dir is not None and hasattr(dataset, "cache_files"):
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        cache_file = str(cache_dir / f"chat-{key}.arrow")
+    # The bar only on a terminal: a bad row is found while mapping, and its one line must not
+    # follow a bar written into a log.
+    with _progress(progress and sys.stderr.isatty()):
+        return prepare_chat_dataset(dataset, tokenizer, format=data.format,
+                                    completion_only_loss=data.completion_only_loss, max_length=data.max_length,
+                                    packing=data.packing, length_column=length_column, cache_file=cache_file,
+                                    fingerprint=key, desc=f"Preparing {label} ({data.format})", where=where)
+
+
+@contextlib.contextmanager
+def _undo_on_failure(folder: Path | None) -> Iterator[None]:
+    """On an error in the block, remove what it wrote into ``folder``: the folders it made
+    (up to output_dir, and output_dir itself when it made it), else the entries it added.
+    Broken data never leaves a cache, nor an output_dir, behind."""
+    if folder is None:
+        yield
+        return
+    made = None
+    probe = folder
+    while not probe.exists() and probe.parent != probe:
+        made, probe = probe, probe.parent
+    before = set(os.listdir(folder)) if made is None and folder.is_dir() else set()
+    try:
+        yield
+    except BaseException:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        elif folder.is_dir():
+            for name in set(os.listdir(folder)) - before:
+                path = folder / name
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+        raise
 
 
 # -- the whole [data] table ------------------------------------------------------------------
@@ -378,16 +440,19 @@ def _main_process_first(args: Any) -> contextlib.AbstractContextManager:
     return distributed_state(args).main_process_first()
 
 
-def load_run_data(run: Any, *, progress: bool = True) -> RunData:
+def load_run_data(run: Any, *, progress: bool = True, cache: bool = True) -> RunData:
     """Train and eval data sets (and the tokenizer) for a validated RunConfig's ``[data]``.
 
     ``progress`` shows ``datasets``' progress bars (the headless CLI); the tokenized data is
-    cached in ``output_dir/data_cache``. The length column that ``group_by_length`` and
-    ``batch_rebalance`` read is added while tokenizing the train set.
+    cached in ``output_dir/data_cache``, or with ``cache`` False kept in memory (nothing is
+    written into output_dir: ``workbench data``). The length column that ``group_by_length`` and
+    ``batch_rebalance`` read is added while tokenizing the train set. A failure while
+    tokenizing removes what it wrote into output_dir (and the folders it made for it).
     """
     data, training = run.data, run.training
+    row_format = getattr(data, "format", None)
     tokenizer = run_tokenizer(run)
-    cache_dir = Path(training.output_dir) / CACHE_FOLDER
+    cache_dir = Path(training.output_dir) / CACHE_FOLDER if cache else None
     wants_lengths = training.train_sampling_strategy in ("group_by_length", "batch_rebalance")
 
     def load(table: dict, where: str) -> Any:
@@ -396,12 +461,16 @@ def load_run_data(run: Any, *, progress: bool = True) -> RunData:
             return rename_columns(load_split(table, where), data.columns)
 
     def tokenize(dataset: Any, where: str, label: str, lengths: bool) -> Any:
+        length_column = training.length_column_name if lengths and not data.packing else None
+        if row_format is not None:
+            return _prepare_chat(dataset, tokenizer, data, where=where, label=label, length_column=length_column,
+                                 cache_dir=cache_dir, progress=progress)
         if data.text_column is None:
             return dataset
         tokenized = tokenize_dataset(
             dataset, tokenizer, text_column=data.text_column, max_length=data.max_length, packing=data.packing,
-            length_column=training.length_column_name if lengths and not data.packing else None,
-            cache_dir=cache_dir, desc=f"Tokenizing {label}", progress=progress, where=f"data.text_column ({where})",
+            length_column=length_column, cache_dir=cache_dir, desc=f"Tokenizing {label}", progress=progress,
+            where=f"data.text_column ({where})", in_memory=not cache,
         )
         if data.packing and hasattr(tokenized, "__len__") and not len(tokenized):
             raise ValueError(f"{where}: packing into blocks of data.max_length = {data.max_length} tokens left no "
@@ -422,8 +491,15 @@ def load_run_data(run: Any, *, progress: bool = True) -> RunData:
         if data.text_column is not None:
             for label, dataset in raw.items():
                 check_text_column(dataset, data.text_column, f"data.text_column ({named[label][1]})")
-        ready = {label: tokenize(dataset, named[label][1], label, label == "train" and wants_lengths)
-                 for label, dataset in raw.items()}
+        if row_format is not None:
+            from workbench.data.chat import check_chat_columns, check_chat_tokenizer
+
+            check_chat_tokenizer(tokenizer, row_format)
+            for label, dataset in raw.items():
+                check_chat_columns(dataset, row_format, named[label][1])
+        with _undo_on_failure(cache_dir):
+            ready = {label: tokenize(dataset, named[label][1], label, label == "train" and wants_lengths)
+                     for label, dataset in raw.items()}
     train = ready.get("train")
     if data.eval and all(isinstance(v, dict) for v in data.eval.values()):
         evaluation = {name: ready[f"eval {name}"] for name in data.eval}

@@ -40,13 +40,16 @@ from workbench.core.edits import apply_edit, edit_changes
 from workbench.core.run import Gate, Run
 
 
-__all__ = ["RankSync", "HEARTBEAT_S"]
+__all__ = ["RankSync", "HEARTBEAT_S", "FORK_ACTIONS"]
 
 
 # Stop reasons by priority: the highest proposal wins (a preemption outranks a UI stop).
-_REASONS = ("", "session", "ui", "SIGUSR1", "SIGINT", "SIGTERM")
+# The front-ends' names (door/endings.py words them) rank as "session" does, below the signals.
+_REASONS = ("", "session", "remote", "notebook", "dashboard", "attach", "ctl", "guard", "resume_from", "branch", "ui",
+            "SIGUSR1", "SIGINT", "SIGTERM")
 _STOP, _NOSAVE, _SAVE, _EVAL, _PAUSE, _EDITS, _ACTION, _EVERY = range(8)
-_ACTIONS = ("", "save", "evaluate")
+_ACTIONS = ("", "save", "evaluate", "fork", "keep", "discard")
+FORK_ACTIONS = ("fork", "keep", "discard")  # their order (variants, steps, the kept one) follows, broadcast
 HEARTBEAT_S = 0.2
 EXCHANGE_S = 0.05  # aim: about 20 exchanges a second, however short the steps
 MAX_EVERY = 64
@@ -83,6 +86,7 @@ class RankSync(Gate):
         self._lock = threading.Lock()
         self._requests: set[str] = set()  # "save" / "evaluate" asked for on rank 0
         self._records: list[dict[str, Any]] = []  # edits rank 0 applied while paused
+        self.order: dict[str, Any] | None = None  # the last fork action's order from rank 0
         self._edits: list[tuple[dict[str, Any], Future]] = []  # edits to apply when agreed
         self._sent_edits: list[tuple[dict[str, Any], Future]] = []
         self._sent_records: list[dict[str, Any]] = []
@@ -112,11 +116,13 @@ class RankSync(Gate):
         self.finish()
 
     def _run_paused_action(self, action: str) -> None:
-        """Take part, on a rank other than 0, in a save or evaluation rank 0 runs while paused."""
+        """Take part, on a rank other than 0, in a save, evaluation or fork rank 0 runs while paused."""
         if action == "save":
             self.run.save_between_steps()
-        else:
+        elif action == "evaluate":
             self.run.evaluate_between_steps()
+        else:
+            self.run.fork_between_steps(action, self.order)
 
     # -- what rank 0 asks for --------------------------------------------------------------
 
@@ -242,11 +248,12 @@ class RankSync(Gate):
         self.every, self._since, self._since_point, self._last_point = 1, 0, 0, None
         self._post_next = True
 
-    def heartbeat(self, paused: bool, action: str = "") -> tuple[bool, list[str]]:
+    def heartbeat(self, paused: bool, action: str = "", order: dict[str, Any] | None = None) -> tuple[bool, list[str]]:
         """One blocking exchange while paused: (still paused, actions every rank runs now).
 
         The actions are rank 0's paused-time ``action`` plus saves / evaluations requested
-        just before the pause began (they could no longer wait for a step end).
+        just before the pause began (they could no longer wait for a step end). A fork's
+        action comes with rank 0's ``order``, broadcast to ``self.order`` on every rank.
         """
         import torch.distributed as dist
 
@@ -255,7 +262,12 @@ class RankSync(Gate):
         self._last_point = None  # time spent paused says nothing about step times
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
         self._apply(flags)
-        actions = [_ACTIONS[int(flags[_ACTION])]] if flags[_ACTION] else []
+        agreed = _ACTIONS[int(flags[_ACTION])]
+        if agreed in FORK_ACTIONS:
+            payload = [order]
+            dist.broadcast_object_list(payload, src=0, group=self.group)
+            self.order = payload[0]
+        actions = [agreed] if agreed else []
         actions += [kind for index, kind in ((_SAVE, "save"), (_EVAL, "evaluate")) if flags[index]]
         return self.paused, actions
 

@@ -83,8 +83,10 @@ class SessionLike(Protocol):
         """Continue a paused run."""
         ...
 
-    def stop(self, save: bool = True) -> Status:
-        """Stop at the next safe point, saving a checkpoint first unless ``save=False``."""
+    def stop(self, save: bool = True, reason: str | None = None) -> Status:
+        """Stop at the next safe point, saving a checkpoint first unless ``save=False``.
+        ``reason``: who asks (door/endings.py: "dashboard", "notebook", "SIGINT", ...), so
+        the run's end says who stopped it; a run in another process records its client's name."""
         ...
 
     def save(self) -> Future[Any] | Path:
@@ -101,7 +103,36 @@ class SessionLike(Protocol):
 
     def set(self, reason: str | None = None, **changes: Any) -> Future[Any] | dict[str, Any]:
         """Change hyperparameters live (checked as validate_edits checks them); ``reason``
-        (one line, optional) is stored with the edit's record and ``edit`` event."""
+        (one line, optional) is stored with the edit's record and ``edit`` event. A change of
+        the schedule's shape is ``schedule={"op": "decay_now" | "extend" | "rewarm" |
+        "scale_peak", ...}`` (or its text, as typed: ``"decay_now steps=200 to=min_lr"``)."""
+        ...
+
+    def lr_plan(self, schedule: Mapping[str, Any] | str | None = None) -> tuple[tuple[int, float], ...]:
+        """The learning rate planned for the rest of the run as ``(step, rate)`` pairs; with
+        ``schedule``, what it would be after that change (the preview; nothing is applied)."""
+        ...
+
+    # -- A/B forks from the paused run --------------------------------------------------------------
+
+    def fork_cost(self, variants: Mapping[str, Mapping[str, Any]], steps: int,
+                  max_memory: int | None = None) -> dict[str, Any]:
+        """The host memory a fork would hold (``bytes``, ``bytes_each``, ``limit``, ``fits``), before it starts."""
+        ...
+
+    def fork(self, variants: Mapping[str, Mapping[str, Any]], steps: int, evaluate: bool = True,
+             max_memory: int | None = None) -> dict[str, Any]:
+        """Train each variant (live edits by name; ``{}`` is the parent) ``steps`` steps from the
+        pause on the same batches and RNG, evaluate it, put the run back at the pause; returns
+        the report (also in ``snapshot().fork``). Then ``keep(name)`` or ``discard()``."""
+        ...
+
+    def keep(self, name: str, reason: str | None = None) -> dict[str, Any]:
+        """Continue from variant ``name``'s end state (recorded as an edit naming the fork and its numbers)."""
+        ...
+
+    def discard(self) -> None:
+        """Continue from the pause point unchanged."""
         ...
 
     # -- looking inside (plain data only) ------------------------------------------------------

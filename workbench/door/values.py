@@ -15,9 +15,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from workbench.core.ledger import goodput_line  # noqa: F401 - front-ends format the ledger with it
 from workbench.core.records import CheckpointRow, MemoryUsage, edit_changes, is_timing_metric
 
-__all__ = ["Status", "ENDED", "LOOP_HELD", "Snapshot", "SessionEvent", "CheckpointRow", "MemoryUsage", "Intervention", "SNAPSHOT_INTERVENTIONS",
+__all__ = ["goodput_line", "Status", "ENDED", "LOOP_HELD", "Snapshot", "SessionEvent", "CheckpointRow", "MemoryUsage", "Intervention", "SNAPSHOT_INTERVENTIONS",
            "SNAPSHOT_EDITS", "SeriesStore",
            "is_timing_metric", "edit_changes"]
 
@@ -116,7 +117,8 @@ class Snapshot:
     step: int = 0
     max_steps: int = 0
     epoch: float | None = None
-    elapsed: float = 0.0
+    elapsed: float = 0.0  # training time: time spent paused is not in it (``paused`` is)
+    paused: float = 0.0  # seconds spent paused so far (a pause in progress included)
     steps_per_second: float = 0.0
     samples_per_second: float = 0.0
     tokens_per_second: float | None = None
@@ -131,11 +133,21 @@ class Snapshot:
     guard_interventions: int = 0  # non-finite/spiking steps the guard acted on (train/guard.py)
     interventions: tuple[Intervention, ...] = ()  # the newest SNAPSHOT_INTERVENTIONS of them, oldest first
     error: str | None = None  # "BoomError: ..." once the run failed
+    stop_reason: str | None = None  # who stopped it, a code door/endings.py words ("ctl", "SIGTERM", ...)
     traceback: str | None = None  # the failed run's formatted traceback (text, not an exception object)
     run_name: str | None = None
     output_dir: str | None = None
     device: str | None = None
     updated: float = 0.0
+    # Run health: {"ledger": seconds by category (core/ledger.py), "throughput": the rates of
+    # the steps last logged, "hang": the hang report, "stragglers": {"ranks": [...]}}.
+    health: dict[str, Any] | None = None
+    # The learning rate planned for the rest of the run, (step, rate) on the logged rate's axis:
+    # the schedule with its live changes (front-ends draw it dashed after the logged rate).
+    lr_plan: tuple[Point, ...] = ()
+    # The latest A/B fork from a pause (session/fork_commands.py), as plain data: each
+    # variant's loss per step and evaluation, its state ("running", "done", "kept", ...).
+    fork: dict[str, Any] | None = None
 
     @classmethod
     def empty(cls) -> "Snapshot":

@@ -13,6 +13,7 @@ front-ends' ``Snapshot`` is something else: the published view of a run, door/va
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections import deque
 from dataclasses import dataclass
@@ -63,9 +64,11 @@ class RollbackPoint:
         the point itself stays usable for a second rollback)."""
         unwrap_model(run.model).load_state_dict(self.model)
         optimizer = getattr(run.optimizer, "optimizer", run.optimizer)
-        # load_state_dict casts to the parameters' devices (new tensors: the ring's stay intact).
-        optimizer.load_state_dict(self.optimizer)
-        run.lr_scheduler.load_state_dict(self.scheduler)
+        # Copies: on the CPU load_state_dict keeps the very tensors (and the scheduler the lists)
+        # it is given, which the next steps update in place; a second rollback to this point
+        # would then find the later state.
+        optimizer.load_state_dict(copy.deepcopy(self.optimizer))
+        run.lr_scheduler.load_state_dict(copy.deepcopy(self.scheduler))
         restore_rng(self.rng)
         run.state.global_step = self.step
         run.state.epoch = self.epoch

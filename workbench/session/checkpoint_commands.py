@@ -124,7 +124,7 @@ class CheckpointCommands:
             if self._looping:
                 self._followup = (action, future)
                 if self._status not in ENDED:
-                    self.stop(save=save)
+                    self.stop(save=save, reason=what)  # its end says why: to resume from / branch from a checkpoint
                 return future
             if self._in_caller:
                 raise RuntimeError(f"{what}: this run has ended and its process is exiting; start it again "
@@ -213,8 +213,8 @@ class CheckpointCommands:
         store = CheckpointStore(path.parent)
         info = next((c for c in store.list() if c.name == path.name), None)
         if info is None:
-            raise ValueError(f"{what}: {checkpoint} is not a checkpoint (expected a checkpoint-STEP folder "
-                             "from session.checkpoints)")
+            raise ValueError(f"{what}: {checkpoint} is not a checkpoint (expected a checkpoint-STEP folder, "
+                             f"as 'workbench checkpoints {own.root}' lists them)")
         if not info.complete:
             raise ValueError(f"{what}: {info.name} is incomplete ({info.problem or 'no manifest'}); "
                              "pick a complete checkpoint")
@@ -244,13 +244,16 @@ class CheckpointCommands:
         """
         self._require_main("delete_checkpoint")
         name = str(name)
+        store = CheckpointStore(self.trainer.args.output_dir)
+        # These lines reach ctl and the dashboard too: they name the command that lists the
+        # checkpoints, not the Python property.
         if not name or Path(name).name != name:
             raise ValueError(f"delete_checkpoint: expected a checkpoint name such as checkpoint-40 "
-                             f"(see session.checkpoints), got {name!r}")
-        store = CheckpointStore(self.trainer.args.output_dir)
+                             f"(see 'workbench checkpoints {store.root}'), got {name!r}")
         info = next((c for c in store.list() if c.name == name), None)
         if info is None:
-            raise ValueError(f"delete_checkpoint: no {name} in {store.root} (see session.checkpoints)")
+            raise ValueError(f"delete_checkpoint: no {name} in {store.root} (see 'workbench checkpoints "
+                             f"{store.root}')")
         if info.protected:
             why = "the best checkpoint" if info.best else "the newest complete checkpoint"
             raise ValueError(f"delete_checkpoint: {name} is protected ({why}); delete an older one")

@@ -77,7 +77,8 @@ class SessionCommands:
         return self._status
 
     def resume(self) -> Status:
-        """Continue a paused run with exactly the state it had."""
+        """Continue a paused run with exactly the state it had (a fork not kept is discarded)."""
+        self.discard()
         with self._lock:
             self._pause_requested.clear()
             if self._status in (Status.PAUSED, Status.PAUSING):
@@ -87,11 +88,13 @@ class SessionCommands:
             self._unpaused.notify_all()
         return self._status
 
-    def stop(self, save: bool = True, reason: str = "session") -> Status:
+    def stop(self, save: bool = True, reason: str | None = "session") -> Status:
         """Stop at the next safe point (step end or evaluation batch), saving a checkpoint first.
 
-        ``reason``: who asks, for the end record and the exit code ("SIGHUP" from the CLI when
-        the terminal closed; the front-ends' stops are the session's)."""
+        ``reason``: who asks, for the end record, the exit code and the words every front-end
+        uses (door/endings.py): "session" from Python, "dashboard", "notebook", a control
+        client's name ("ctl", "attach"), "SIGINT", "SIGHUP" from the CLI when the terminal closed."""
+        reason = reason or "session"
         with self._lock:
             if self._status in ENDED or self._status == Status.IDLE:
                 return self._status
@@ -142,9 +145,18 @@ class SessionCommands:
         check_reason(reason)
         return validate_edits(changes, self.trainer.state.global_step)
 
+    def lr_plan(self, schedule: Mapping[str, Any] | str | None = None) -> tuple[tuple[int, float], ...]:
+        """The learning rate planned for the rest of the run, ``(step, rate)`` pairs; with
+        ``schedule`` (a change as ``set(schedule=...)`` takes it) what it would be after that
+        change, applying nothing: the preview a front-end draws before the edit."""
+        from workbench.core.schedule_edits import planned_rates
+
+        return planned_rates(self.trainer, schedule)
+
     def set(self, reason: str | None = None, **changes: Any) -> Future | dict[str, Any]:
         """Change hyperparameters live: learning_rate, lr_scale, max_steps, num_train_epochs,
-        logging_steps, eval_steps, save_steps. Applied at once when paused, else at the next
+        logging_steps, eval_steps, save_steps, schedule (a change of the schedule's shape:
+        decay_now, extend, rewarm, scale_peak; see core/schedule_edits.py). Applied at once when paused, else at the next
         step end (a Future). Invalid names or values raise ValueError here, before queuing
         (see validate_edits). ``reason`` (one line) says why: it is stored in the live-edit
         record and the ``edit`` event, so an agent's decisions can be audited later."""
@@ -171,9 +183,11 @@ class SessionCommands:
             raise RuntimeError(f"{what}: with several processes the run is steered from rank 0 "
                                "(call it where trainer.is_world_process_zero() is True)")
 
-    def _queue_paused_action(self, kind: str) -> Future:
+    def _queue_paused_action(self, kind: str, order: dict[str, Any] | None = None) -> Future:
+        """An action every rank runs at the paused ranks' next heartbeat (rank_pause.py):
+        save, evaluate, or a fork's fork / keep / discard with its ``order``."""
         future: Future = Future()
-        self._paused_actions.put((kind, future))
+        self._paused_actions.put((kind, future, order))
         self._unpaused.notify_all()
         return future
 
@@ -202,16 +216,18 @@ class SessionCommands:
             self._set_status(Status.PAUSED)
             self._emit("paused")
             self._log_event("pause")
-            paused_at = time.perf_counter()
+            # Time spent paused is not training time: the clock of elapsed, rates and ETA stops.
+            self._pause_clock.begin()
             self._blocked = True
             try:
                 while self._pause_requested.is_set() and not self.trainer.stop_request.is_set():
                     self._unpaused.wait(0.5)
+                    # A paused run publishes nothing else: this keeps its paused time counting
+                    # on every front-end (the elapsed clock stands still).
+                    self._publish_locked()
             finally:
                 self._blocked = False
-            # Time spent paused is not training time: keep throughput and ETA honest.
-            if self._started_at is not None:
-                self._started_at += time.perf_counter() - paused_at
+                self._pause_clock.end()
             if self._status == Status.PAUSED:
                 self._set_status(Status.RUNNING)
 
@@ -286,7 +302,8 @@ class SessionCommands:
         applied = {}
         # The edits that can still be refused (they depend on the current step) go first, so a
         # refused set() changes nothing.
-        for key, value in sorted(changes.items(), key=lambda kv: kv[0] not in ("max_steps", "num_train_epochs")):
+        for key, value in sorted(changes.items(),
+                                 key=lambda kv: kv[0] not in ("max_steps", "num_train_epochs", "schedule")):
             applied[key] = apply_edit(trainer, key, value)
         why = {"reason": reason} if reason else {}  # no empty "reason" keys in old-style records
         record = {"step": trainer.state.global_step, "time": time.time(), **applied, **why}

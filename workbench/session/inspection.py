@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from workbench.models.kinds import model_kind
 from workbench.core.trainer_utils import unwrap_model
 from workbench.door.commands import check_sample_options
+from workbench.train.generation import generate_text, generation_problem
 
 if TYPE_CHECKING:  # for annotations only: the Trainer is a layer below, and heavy to import
     from workbench.train.trainer import Trainer
@@ -76,44 +76,15 @@ def inspect_model(trainer: "Trainer") -> dict[str, Any]:
 def can_sample(trainer: "Trainer") -> bool:
     """Whether sample_text() can generate with this run: a causal LM with ``generate()`` and
     a processing class (tokenizer) to turn a prompt into ids and back."""
-    model = unwrap_model(trainer.model)
-    causal = model_kind(model) == "ForCausalLM"  # GPT2LMHeadModel too (no loss_type, no "CausalLM" in its name)
-    return hasattr(model, "generate") and causal and trainer.processing_class is not None
+    return generation_problem(trainer.model, trainer.processing_class) is None
 
 
 def sample_text(trainer: "Trainer", prompt: str, max_new_tokens: int = 64, temperature: float = 0.8,
                 top_k: int | None = 20, seed: int = 0) -> str:
     """Generate a continuation of ``prompt`` with the model and the trainer's processing class
-    (the options checked by check_sample_options first)."""
+    (the options checked by check_sample_options first). The prompt is continued as typed
+    (no chat template): the generation itself is the train layer's (train/generation.py),
+    which the samples a run takes at its evaluations use too."""
     check_sample_options(prompt, max_new_tokens, temperature, top_k, seed)
-    model = unwrap_model(trainer.model)
-    tokenizer = trainer.processing_class
-    if tokenizer is None or not hasattr(model, "generate"):
-        raise ValueError("sampling needs a causal LM with generate() and a processing_class (tokenizer)")
-    encoded = tokenizer(prompt)
-    ids = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded.input_ids
-    ids = torch.as_tensor(ids, dtype=torch.long, device=trainer.accelerator.device)
-    if ids.dim() == 1:
-        ids = ids.unsqueeze(0)
-    if ids.shape[1] == 0:
-        raise ValueError("sample: the prompt gave no tokens; type some text the tokenizer knows")
-    config = getattr(model, "config", None)
-    context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-    if isinstance(context, int) and ids.shape[1] + max_new_tokens > context:
-        raise ValueError(f"sample: the prompt's {ids.shape[1]} tokens plus max_new_tokens {max_new_tokens} exceed "
-                         f"the model's context of {context} tokens; ask for at most {max(context - ids.shape[1], 0)}")
-    was_training = model.training
-    model.eval()
-    try:
-        generator = torch.Generator(device=ids.device).manual_seed(seed)
-        try:
-            out = model.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                                 generator=generator)
-        except (TypeError, ValueError):  # transformers' generate takes no generator (ValueError: unused model_kwargs)
-            torch.manual_seed(seed)  # its sampling draws from the global RNG; Session.sample restores that
-            out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                                 temperature=temperature or 1.0, top_k=top_k)
-    finally:
-        model.train(was_training)
-    new = out[0, ids.shape[1]:].tolist()
-    return tokenizer.decode(new)
+    return generate_text(trainer.model, trainer.processing_class, prompt, max_new_tokens=max_new_tokens,
+                         temperature=temperature, top_k=top_k, seed=seed).answer

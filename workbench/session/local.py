@@ -20,6 +20,7 @@ import traceback
 import weakref
 from concurrent.futures import Future
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from workbench.core.exit_codes import run_exit_code
@@ -27,10 +28,14 @@ from workbench.core.rng import rng_preserved
 from workbench.core.trainer_utils import unwrap_model
 from workbench.core.callbacks import TrainerCallback
 from workbench.core.run import Gate
+from workbench.door.schedule import ScheduleSteering
 from workbench.door.values import Intervention, MemoryUsage, SeriesStore, SessionEvent, Snapshot, Status
 from workbench.session.checkpoint_commands import CheckpointCommands
 from workbench.session.commands import SessionCommands, _Command
+from workbench.session.progress import PauseClock
+from workbench.train.callbacks import ProgressCallback
 from workbench.session.events import EventHub
+from workbench.session.fork_commands import ForkCommands
 from workbench.session.loop_hold import reading_the_model
 from workbench.session.publishing import SessionPublishing
 from workbench.train.trainer import Trainer
@@ -81,8 +86,11 @@ class SessionObserver(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         self.session._on_save(state)
 
+    def on_sample(self, args, state, control, samples=None, **kwargs):
+        self.session._on_sample(state, samples or [])
 
-class Session(SessionCommands, SessionPublishing, CheckpointCommands):
+
+class Session(SessionCommands, SessionPublishing, CheckpointCommands, ForkCommands, ScheduleSteering):
     """A training run you can watch and steer from notebooks, terminals and scripts."""
 
     def __init__(self, trainer: Trainer, resume_from_checkpoint: str | bool | None = None,
@@ -136,7 +144,14 @@ class Session(SessionCommands, SessionPublishing, CheckpointCommands):
         self._events = EventHub()
         self._memory_failed = False  # warned once that the memory report cannot be taken
         self._edits: list[dict[str, Any]] = []
-        self._started_at: float | None = None
+        self._started_at: float | None = None  # on the pause clock: training time, pauses left out
+        self._pause_clock = PauseClock()
+        # Where the run tells what its control clients did, one line each ("paused from workbench
+        # ctl at step 40"): the CLI's headless console sets it before the run; None: untold.
+        self.announce: Callable[[str], None] | None = None
+        for printer in trainer.callback_handler.callbacks:  # headless progress lines: training time too
+            if isinstance(printer, ProgressCallback):
+                printer.clock, printer.paused = self._pause_clock.now, self._pause_clock.paused
         self._start_step = 0
         self._last_tick = 0.0
         self._pending_saves: list[Future] = []
@@ -160,6 +175,9 @@ class Session(SessionCommands, SessionPublishing, CheckpointCommands):
         trainer.gates.set("steering", self._gate)
         self._callback = SessionObserver(self)
         trainer.add_callback(self._callback)
+        # A hang is found by a watchdog thread while the training thread is stuck, so it is
+        # published from there (the training thread's hooks would never run).
+        trainer.health_listeners = [*getattr(trainer, "health_listeners", []), self._on_health]
 
     # -- construction ----------------------------------------------------------------
 
@@ -176,6 +194,18 @@ class Session(SessionCommands, SessionPublishing, CheckpointCommands):
         session = cls(trainer, resume_from_checkpoint=resume_from_checkpoint)
         session.run_config = run
         return session
+
+    @classmethod
+    def running(cls) -> "Session | None":
+        """The Session whose run is training in this process (paused included), or None.
+
+        One run trains per process (workbench/train/one_run.py says why); a notebook cell run
+        again has lost the old Session's name, and this finds it to stop: ``Session.running().stop()``.
+        """
+        from workbench.train.one_run import training_run
+
+        owner = getattr(training_run(), "control_owner", None)
+        return owner if isinstance(owner, cls) else None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -268,6 +298,7 @@ class Session(SessionCommands, SessionPublishing, CheckpointCommands):
             from workbench.control.endpoint_check import warn_if_public
 
             warn_if_public(server.host)  # once per process: the CLI may have said it already
+        server.announce = self.announce
         self._server = server
         self._server_closer = weakref.finalize(self, server.close, 0.2)
 
@@ -422,11 +453,12 @@ class Session(SessionCommands, SessionPublishing, CheckpointCommands):
 
     # -- snapshot and events -------------------------------------------------------------------
 
-    def panel(self) -> Any:
-        """The Jupyter panel for this session (needs ipywidgets)."""
+    def panel(self, autopilot: Any = None) -> Any:
+        """The Jupyter panel for this session (needs ipywidgets); with ``autopilot`` (an
+        Autopilot steering it from this kernel), a tab to accept or reject its proposals."""
         # Imported here only: the session layer never imports a front-end at module level
         # (front-ends depend on the session, not the other way round).
         from workbench.widgets.notebook import Panel
 
-        return Panel(self)
+        return Panel(self, autopilot=autopilot)
 

@@ -68,7 +68,7 @@ class SessionPublishing:
     # -- what the run tells (the observer callback), and the published view ------------------------
 
     def _on_train_begin(self, state) -> None:
-        self._started_at = time.perf_counter()
+        self._started_at = self._pause_clock.now()
         self._start_step = state.global_step
         # A resumed run's edits come with its checkpoint.
         self._edits = [dict(e) for e in self.trainer.workbench_state.live_edits]
@@ -113,6 +113,12 @@ class SessionPublishing:
         self._emit("evaluated", **metrics)
         self._publish()
 
+    def _on_sample(self, state, samples: list[dict[str, Any]]) -> None:
+        # One "sampled" event per prompt ({prompt, answer, tokens}), as events.jsonl has one
+        # "sample" record per prompt: front-ends gather them by prompt.
+        for sample in samples:
+            self._emit("sampled", **sample)
+
     def _on_save(self, state) -> None:
         path = Path(self.trainer.args.output_dir) / f"checkpoint-{state.global_step}"
         futures, self._pending_saves = self._pending_saves, []
@@ -135,6 +141,24 @@ class SessionPublishing:
             pending.add_done_callback(published)  # save_async: done once the files are published
         else:
             published()
+
+    def _on_health(self, kind: str, record: dict[str, Any]) -> None:
+        """A hang or a straggler the health watchdog found (its thread): an event, and a
+        snapshot that says so at once."""
+        self._emit(kind, **record)
+        self._publish()
+
+    def _health(self) -> dict[str, Any] | None:
+        """The snapshot's run health: the time ledger, the newest rates, hang and stragglers."""
+        trainer = self.trainer
+        ledger = getattr(trainer, "ledger", None)
+        if ledger is None:
+            return None
+        monitor = getattr(trainer, "health_monitor", None)
+        latest = dict(monitor.latest) if monitor is not None else {}
+        throughput = getattr(trainer, "throughput", None)
+        return {"ledger": ledger.summary(), "throughput": dict(throughput.latest) if throughput is not None else {},
+                "hang": latest.get("hang"), "stragglers": latest.get("stragglers")}
 
     def _set_status(self, status: Status, only_from: tuple[Status, ...] | None = None) -> None:
         with self._lock:
@@ -170,6 +194,26 @@ class SessionPublishing:
             cached = self._interventions_cache = (key, tuple(Intervention.from_record(r) for r in newest))
         return cached[1]
 
+    def _planned_lr(self) -> tuple[tuple[int, float], ...]:
+        """The snapshot's ``lr_plan``, computed again only when the step, the schedule or
+        max_steps changed (a few hundred multiplier calls; snapshots come ten times a second)."""
+        from workbench.core.schedule_edits import planned_rates
+
+        trainer = self.trainer
+        scheduler = trainer.lr_scheduler
+        lambdas = getattr(scheduler, "lr_lambdas", None)
+        if not lambdas:
+            return ()
+        key = (scheduler.last_epoch, trainer.state.max_steps, tuple(scheduler.base_lrs), id(lambdas[0]))
+        cached = getattr(self, "_lr_plan_cache", None)
+        if cached is None or cached[0] != key:
+            try:
+                plan = planned_rates(trainer)
+            except Exception:  # noqa: BLE001 - a user's schedule function failing here must not stop a publish
+                plan = ()
+            cached = self._lr_plan_cache = (key, plan)
+        return cached[1]
+
     def _publish_locked(self) -> None:
         from workbench.session.progress import progress
 
@@ -181,7 +225,7 @@ class SessionPublishing:
             step=state.global_step,
             max_steps=state.max_steps,
             epoch=state.epoch,
-            **progress(self.trainer, self._started_at, self._start_step),
+            **progress(self.trainer, self._started_at, self._start_step, self._pause_clock),
             memory=self._memory,
             checkpoints=self._catalog,
             series=self._series.frozen(),
@@ -191,9 +235,13 @@ class SessionPublishing:
             guard_interventions=len(interventions),
             interventions=self._interventions(interventions),
             error=f"{type(self._error).__name__}: {self._error}" if self._error is not None else None,
+            stop_reason=self.trainer.stop_decision.reason if self.trainer.stop_decision.is_set() else None,
             traceback=self._traceback,
             run_name=args.run_name or str(args.output_dir),
             output_dir=str(args.output_dir),
             device=str(self.trainer.accelerator.device),
             updated=time.time(),
+            health=self._health(),
+            lr_plan=self._planned_lr(),
+            fork=self._fork_snapshot(),
         )

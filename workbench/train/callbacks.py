@@ -11,6 +11,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 from workbench.core.callbacks import TrainerCallback
@@ -85,23 +86,43 @@ def print_line(text: str, stream: TextIO | None = None) -> TextIO | None:
 
 class ProgressCallback(TrainerCallback):
     """Headless progress, the role HF's tqdm bars play: one line per log (step/total, epoch,
-    loss, LR, samples/s, ETA) and one per evaluation, on the main process only. It is the
+    loss, LR, samples/s, ETA), one per evaluation and one per sampled answer (SamplesCallback),
+    on the main process only. It is the
     default unless ``disable_tqdm``; ``max_str_len`` is accepted for HF compatibility."""
 
     def __init__(self, max_str_len: int = 100, stream: TextIO | None = None) -> None:
         self.max_str_len = max_str_len
         self.stream = stream
+        # Training time: a Session puts its pause clock here (session/progress.py), so elapsed,
+        # samples/s and the ETA leave its pauses out and ``paused`` says how long they were.
+        self.clock: Callable[[], float] = time.perf_counter
+        self.paused: Callable[[], float] | None = None
         self._start: float | None = None
         self._start_step = 0
+        self._first_began: float | None = None
         self._world = 1
 
     def _write(self, text: str) -> None:
         self.stream = print_line(text, self.stream)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._start = time.perf_counter()
+        self._start = self.clock()
         self._start_step = state.global_step
         self._world = int(os.environ.get("WORLD_SIZE", "1"))
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self._start_step:
+            self._first_began = self.clock()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        # The first step gets a line of its own, so a headless run shows it is training within
+        # seconds, not only at the first logging step (logging_steps may be far). No rate or
+        # ETA: one step, warm-up included, would extrapolate badly.
+        if state.global_step == self._start_step + 1 and state.is_world_process_zero and not control.should_log:
+            took = self.clock() - (self._first_began if self._first_began is not None else self.clock())
+            nxt = f"; a progress line every {state.logging_steps} steps" if args.logging_strategy == "steps" else ""
+            # Not "step N/M | ...": tools that read the progress lines (loss, lr) keep reading only those.
+            self._write(f"training: step {state.global_step}/{state.max_steps} took {took:.2f} s{nxt}")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
@@ -109,29 +130,44 @@ class ProgressCallback(TrainerCallback):
         if any(k.startswith(("eval_", "test_")) for k in logs):
             return  # evaluations print in on_evaluate
         if "train_runtime" in logs:
+            runtime, rate = logs["train_runtime"], logs.get("train_samples_per_second", 0)
+            paused = self.paused() if self.paused is not None else 0.0
+            took = _clock(runtime)
+            if paused >= 1 and self._start is not None:
+                # train_runtime is wall time (HF's metric); the line counts training time, as the
+                # progress lines did, with the pauses apart.
+                runtime = max(self.clock() - self._start, 1e-9)
+                rate = rate * logs["train_runtime"] / runtime
+                took = f"{_clock(runtime)} (paused {_clock(paused)})"
             self._write(
-                f"done: {state.global_step} steps in {_clock(logs['train_runtime'])}"
+                f"done: {state.global_step} steps in {took}"
                 f" | train_loss {logs.get('train_loss', float('nan')):.4f}"
-                f" | {logs.get('train_samples_per_second', 0):.1f} samples/s"
+                f" | {rate:.1f} samples/s"
             )
             return
-        elapsed = time.perf_counter() - (self._start or time.perf_counter())
+        self._write(" | ".join(self._progress_parts(args, state, logs)))
+
+    def _progress_parts(self, args, state, logs: dict) -> list[str]:
+        """step/total, epoch, the logged values, samples/s, elapsed (paused time apart), ETA."""
+        now = self.clock()
+        elapsed = now - (self._start if self._start is not None else now)
         done = state.global_step - self._start_step
         remaining = state.max_steps - state.global_step
         eta = elapsed / done * remaining if done > 0 else float("nan")
-        parts = [f"step {state.global_step}/{state.max_steps}", f"epoch {state.epoch:.2f}"]
+        parts = [f"step {state.global_step}/{state.max_steps}", f"epoch {(state.epoch or 0):.2f}"]
         if "loss" in logs:
             parts.append(f"loss {logs['loss']:.4f}")
         if "learning_rate" in logs:
             parts.append(f"lr {logs['learning_rate']:.3g}")
         if "grad_norm" in logs:
             parts.append(f"grad_norm {logs['grad_norm']:.3g}")
-        if done > 0 and state.train_batch_size:
+        if done > 0 and state.train_batch_size and elapsed > 0:
             samples = done * state.train_batch_size * args.gradient_accumulation_steps * self._world
             parts.append(f"{samples / elapsed:.1f} samples/s")
-        parts.append(f"elapsed {_clock(elapsed)}")
+        paused = self.paused() if self.paused is not None else 0.0
+        parts.append(f"elapsed {_clock(elapsed)}" + (f" (paused {_clock(paused)})" if paused >= 1 else ""))
         parts.append(f"ETA {_clock(eta)}" if math.isfinite(eta) else "ETA ?")
-        self._write(" | ".join(parts))
+        return parts
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         if not state.is_world_process_zero or not metrics:
@@ -142,6 +178,15 @@ class ProgressCallback(TrainerCallback):
             if not is_timing_metric(k) and k != "epoch"  # the step is in the line already
         ]
         self._write(f"eval @ step {state.global_step}: " + " | ".join(shown))
+
+    def on_sample(self, args, state, control, samples=None, **kwargs):
+        # The first line of each answer, so a headless run's terminal shows what the model says.
+        if not state.is_world_process_zero:
+            return
+        for sample in samples or ():
+            answer = sample["answer"].strip().splitlines()[0] if sample["answer"].strip() else ""
+            line = f"sample @ step {state.global_step}: {sample['prompt']!r} -> {answer!r}"
+            self._write(line if len(line) <= 2 * self.max_str_len else line[:2 * self.max_str_len - 1] + "…")
 
 
 class PrinterCallback(TrainerCallback):

@@ -146,6 +146,60 @@ def _head(inputs: Any, n: int, batch_size: int) -> Any:
     return inputs
 
 
+def _predict_fitting(trainer: Run, model: Any, inputs: Any, loss_only: bool, ignore_keys: Any) -> tuple:
+    """``prediction_step``, with a batch that runs out of memory cut in half (and, from then
+    on, every evaluation batch: ``trainer._eval_split``); the training batch is never touched.
+    One process only: with several, a rank redoing a batch alone would leave the others'
+    gathers waiting."""
+    from workbench.train.oom import batch_rows, is_out_of_memory, split_batch
+
+    split = getattr(trainer, "_eval_split", 1)
+    while True:
+        try:
+            if split == 1 or batch_rows(inputs) < split:
+                return trainer.prediction_step(model, inputs, loss_only, ignore_keys=ignore_keys)
+            parts = [trainer.prediction_step(model, piece, loss_only, ignore_keys=ignore_keys)
+                     for piece in split_batch(inputs, split)]
+            return _joined(parts, [batch_rows(p) for p in split_batch(inputs, split)])
+        except torch.OutOfMemoryError as exc:
+            if not is_out_of_memory(exc) or trainer.accelerator.num_processes > 1 or batch_rows(inputs) < split * 2:
+                raise
+            split *= 2
+            trainer._eval_split = split
+            import logging
+
+            logging.getLogger("workbench").warning("evaluation ran out of memory: its batches are cut into %d parts "
+                                                   "(training keeps its batch size)", split)
+            _free(trainer)
+
+
+def _joined(parts: list[tuple], rows: list[int]) -> tuple:
+    """(loss, logits, labels) of a batch from its pieces': the row-weighted mean loss, the
+    rest concatenated along the batch."""
+    losses = [p[0] for p in parts]
+    loss = None
+    if all(x is not None for x in losses):
+        loss = sum(x * r for x, r in zip(losses, rows)) / sum(rows)
+
+    def cat(values: list[Any]) -> Any:
+        if any(v is None for v in values):
+            return None
+        if isinstance(values[0], (tuple, list)):
+            return type(values[0])(cat(list(group)) for group in zip(*values))
+        return torch.cat(values, dim=0)
+
+    return loss, cat([p[1] for p in parts]), cat([p[2] for p in parts])
+
+
+def _free(trainer: Run) -> None:
+    import gc
+
+    gc.collect()
+    backend = getattr(torch, trainer.accelerator.device.type, None)
+    if callable(getattr(backend, "empty_cache", None)):
+        backend.empty_cache()
+
+
 def evaluation_loop(trainer: Run, dataloader, description: str, prediction_loss_only: bool | None = None,
                     ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
     """Run the model over ``dataloader`` and compute metrics (HF's evaluation_loop).
@@ -184,7 +238,7 @@ def evaluation_loop(trainer: Run, dataloader, description: str, prediction_loss_
         batch_size = _batch_size(inputs)
         num_samples_batch = batch_size
         with precision:
-            loss, logits, labels = trainer.prediction_step(model, inputs, loss_only, ignore_keys=ignore_keys)
+            loss, logits, labels = _predict_fitting(trainer, model, inputs, loss_only, ignore_keys)
         main_input = inputs.get(getattr(unwrap_model(trainer.model), "main_input_name", "input_ids")) \
             if include_inputs and isinstance(inputs, Mapping) else None
         if loss is not None:
@@ -297,6 +351,12 @@ def evaluate(trainer: Run, eval_dataset=None, ignore_keys=None, metric_key_prefi
     As in HF, the Trainer's own named sets reach ``get_eval_dataloader`` by name and a set
     passed here as itself, so an override sees what it would see in transformers.
     """
+    ledger = getattr(trainer, "ledger", None)
+    with ledger.during("evaluation") if ledger is not None else contextlib.nullcontext():
+        return _evaluate_sets(trainer, eval_dataset, ignore_keys, metric_key_prefix)
+
+
+def _evaluate_sets(trainer: Run, eval_dataset, ignore_keys, metric_key_prefix: str) -> dict[str, float]:
     override = eval_dataset is not None
     target = eval_dataset if override else trainer.eval_dataset
     if isinstance(target, dict):

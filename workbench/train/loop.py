@@ -16,6 +16,7 @@ device: the running loss and gradient norm are read back only at logging points
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import sys
 import time
@@ -31,13 +32,19 @@ from workbench.core.run import LoopPosition, Run
 from workbench.core.state import WorkbenchState
 from workbench.core.trainer_utils import TrainOutput, has_length, speed_metrics, unwrap_model
 from workbench.data.samplers import draw_iterator_seed, start_loader_epoch, track_collation
+from workbench.distributed.health import monitor_for
 from workbench.guard.rollback import resume_position
 from workbench.guard.runner import make_guard
 from workbench.train.accelerator_setup import optimizer_needs_wrapper, prepare_for_training
 from workbench.train.loss_window import LossLog
 from workbench.train.schedules import steps_per_update
+from workbench.train.memory import forecast_problem, memory_at_save
+from workbench.train.oom import OomRecovery, batch_rows, free_memory, oom_flags, split_batch
+from workbench.train.throughput import device_peak_tflops
 
-__all__ = ["TrainingLoop"]
+__all__ = ["TrainingLoop", "batch_size", "next_micro_batches"]
+
+log = logging.getLogger("workbench")
 
 
 class TrainingLoop:
@@ -53,15 +60,23 @@ class TrainingLoop:
     def run(self, checkpoint: Path | None, ignore_keys: list[str] | None) -> TrainOutput:
         """Train from the start, or from ``checkpoint`` (a folder the store resolved and verified)."""
         self.ignore_keys = ignore_keys
-        self._setup(checkpoint)
-        self._begin()
-        while self.done is None:
-            epoch, skip = self._next
-            self._next = (epoch + 1, 0)
-            self._epoch(epoch, skip)
-            if self._restart is not None:  # a rollback: the data carries on from its position
-                self._next, self._restart = self._restart, None
-        return self._finish()
+        self.ledger = ledger = self.trainer.ledger
+        ledger.enter("startup")  # set-up is start-up, as the time since the Trainer was made
+        monitor = self.trainer.health_monitor = monitor_for(self.trainer)
+        monitor.start()
+        try:
+            self._setup(checkpoint)
+            self._begin()
+            while self.done is None:
+                epoch, skip = self._next
+                self._next = (epoch + 1, 0)
+                self._epoch(epoch, skip)
+                if self._restart is not None:  # a rollback: the data carries on from its position
+                    self._next, self._restart = self._restart, None
+            return self._finish()
+        finally:
+            monitor.stop()
+            ledger.enter("other")
 
     @property
     def done(self) -> str | None:
@@ -97,6 +112,7 @@ class TrainingLoop:
         self.model = prepare_for_training(trainer)
         self._clip_plain = not optimizer_needs_wrapper(acc)
         self._averaging = args.average_tokens_across_devices and acc.num_processes > 1
+        self._several = acc.num_processes > 1
         self._mean_is_enough = not self._averaging and trainer.compute_loss_func is None  # see _count_items
         # No loss scaling or engine: training_step can call loss.backward() itself.
         trainer._plain_backward = self._clip_plain
@@ -126,9 +142,20 @@ class TrainingLoop:
             # This launch's arguments where they differ from the checkpoint's: warned about,
             # and the live-editable ones applied from here as a recorded edit (resume_args.py).
             apply_changed_arguments(trainer, checkpoint, max_steps)
+            problem = forecast_problem(trainer.workbench_state.memory, args.per_device_train_batch_size)
+            if problem is not None:  # before a step runs out of memory (on devices that count it)
+                raise ValueError(f"resuming from {checkpoint.name}: {problem}")
         if acc.is_main_process:
             store.clean_temporaries()
         self.losses = LossLog(trainer)
+        self.oom = OomRecovery(trainer.health.oom_retries)
+        self._piece = 0
+        self._oom_flags = oom_flags(self.model, acc, trainer.health.oom_retries)
+        self.oom.restore(trainer.workbench_state.live_edits)  # a resumed run cuts its batches as it did
+        trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps * self.oom.split
+        peak = device_peak_tflops(acc.device, acc.mixed_precision, trainer.health.peak_tflops)
+        trainer.throughput.start(acc.device, peak)
+        self._idle_at = 0.0  # evaluation, save and paused seconds at the last throughput window
         if checkpoint is not None:
             self.losses.restore(trainer.workbench_state.loss_window)
         # The Trainer's step-end hooks and every save (wherever asked for) reach this run through it.
@@ -173,7 +200,7 @@ class TrainingLoop:
         trainer, args, state = self.trainer, self.args, self.trainer.state
         trainer._memory_stage("train", start=True)
         self.start_time = time.perf_counter()
-        self.start_step = state.global_step
+        self.start_step = self.ledger.step = state.global_step
         trainer.control = trainer.callback_handler.on_train_begin(args, state, trainer.control)
         trainer.gates.train_begin(trainer)
         if state.global_step >= state.max_steps:
@@ -227,13 +254,15 @@ class TrainingLoop:
         self._trained = 0
         iterator = iter(source)
         while not trainer.control.should_training_stop:
-            micro = _next_micro_batches(iterator, args.gradient_accumulation_steps)
+            self.ledger.enter("data")
+            micro = next_micro_batches(iterator, args.gradient_accumulation_steps)
             if not micro or not self._step(micro):
                 break
             if self._restart is not None:
                 return  # rolled back: this epoch's iterator is stale; run() restarts the data
             if trainer.control.should_epoch_stop or trainer.control.should_training_stop:
                 break
+        self.ledger.enter("other")
         trainer.control = handler.on_epoch_end(args, trainer.state, trainer.control)
         # An epoch-end save or evaluation reads the guard first, as a step end does: a
         # checkpoint must never hold a rollback still to be carried out.
@@ -252,41 +281,138 @@ class TrainingLoop:
         num_items = self._count_items(micro)
         trainer.last_inputs = micro[-1]  # for inspection while paused (a reference, no copy)
         trainer.control = handler.on_step_begin(args, state, trainer.control)
+        ledger = self.ledger
+        ledger.enter("paused")  # only while a pause holds the loop does this take any time
         trainer.gates.step_start(trainer)  # a run may wait here: a pause holds the loop at this boundary
+        ledger.enter("forward")
+        computed = ledger.compute()
         if trainer.control.should_training_stop:
             # Stopped before this step ran (e.g. while paused at its start): save the
             # state of the boundary if asked, and leave the fetched batches untouched.
             self._log_save_evaluate()
             return False
+        if self._restart is not None:  # a fork's variant was kept while paused here (session/fork_commands.py):
+            return True  # the run is at that variant's end, and the data goes on from there (_epoch returns)
+        first = position.batch
+        pieces, step_losses = self._forward_backward(micro, num_items)
+        if pieces is None:  # out of memory past what can be recovered: stop, saving this boundary
+            self._log_save_evaluate()
+            return False
         self._trained += len(micro)
-        first, last = position.batch, len(micro) - 1
-        for i, inputs in enumerate(micro):
+        for inputs, loss in zip(pieces, step_losses):
             if args.include_num_input_tokens_seen != "no":
                 self._count_tokens(inputs, args.include_num_input_tokens_seen)
-            # Accumulating micro-batches skip the gradients' all-reduce (a no-op with one process).
-            with contextlib.nullcontext() if i == last else self.accelerator.no_sync(self.model):
-                loss = trainer.training_step(self.model, inputs, num_items)
-            trainer.current_flos += float(trainer.floating_point_ops(inputs))  # HF: per micro-batch
+            flos = float(trainer.floating_point_ops(inputs))  # HF: per micro-batch
+            trainer.current_flos += flos
             self.losses.add(loss)
             guard.add_loss(loss)
-            position.samples += _batch_size(inputs)
-            if i != last:
-                trainer.control = handler.on_substep_end(args, state, trainer.control)
+            samples = batch_size(inputs)
+            position.samples += samples
+            trainer.throughput.add(inputs, samples, flos)
+        ledger.enter("optimizer")
         self._optimizer_step()
+        ledger.enter("other")
         state.global_step += 1
+        ledger.step_done(state.global_step, ledger.compute() - computed)
         position.batch += len(micro)
         position.update = state.global_step
         state.epoch = position.epoch + (position.batch / self.batches_per_epoch if self.batches_per_epoch
                                         else state.global_step / state.max_steps)
         guard.end_step(trainer, position.epoch, first, position.batch - 1)
         trainer.control = handler.on_step_end(args, state, trainer.control)
+        if self._several:
+            ledger.enter("collective")  # the ranks' agreement is collected here
         trainer.gates.step_end(trainer)
+        ledger.enter("other")
         self._restart = guard.read_point(trainer)
         if self._restart is not None:
             self.losses.restart_at(state.global_step)  # the unlogged losses were partly of undone steps
+            ledger.undo_steps(state.global_step)
         if self._restart is None or trainer.control.should_training_stop:
             self._log_save_evaluate()  # (a rollback that also stops saves the restored boundary)
         return True
+
+    def _forward_backward(self, micro: list[Any], num_items: Any) -> tuple[list[Any] | None, list[Any]]:
+        """Forward and backward of a step's micro-batches (each cut in parts after an out-of-
+        memory error on this rank or, with several ranks, on any: train/oom.py): (the pieces
+        trained, their losses), or (None, []) when memory ran out past what can be recovered
+        (the run then stops with a checkpoint)."""
+        trainer = self.trainer
+        while True:
+            pieces = self.oom.pieces(micro)
+            if len(pieces) != len(micro):
+                num_items = self._count_items(pieces)
+            failed = None  # where this rank ran out of memory: (piece, phase)
+            try:
+                out = self._backward_all(pieces, num_items)
+            except torch.OutOfMemoryError:
+                failed = (self._piece, self.ledger.phase)
+            if failed is not None:
+                where = f"{failed[1]} on rank {trainer.accelerator.process_index}" if self._several else failed[1]
+                if self._several:
+                    self._join_step(pieces, num_items, *failed)
+            elif self._oom_flags is not None:
+                flag = self._oom_flags.read(trainer.state.global_step, self.oom.recovered)
+                if flag is None:
+                    return pieces, out
+                where = f"{flag['phase']} on rank {flag['rank']}"
+            else:
+                return pieces, out
+            why = self.oom.recover(trainer, micro, where)
+            if why is not None:
+                log.error("step %d: %s; stopping with a checkpoint of step %d", trainer.state.global_step + 1,
+                          why, trainer.state.global_step)
+                if trainer.is_world_process_zero():  # what filled the memory, beside the reason
+                    from workbench.core.event_file import EventFile
+                    from workbench.train.memory import memory_report
+
+                    report = memory_report(unwrap_model(trainer.model), trainer.optimizer).to_dict()
+                    EventFile(self.args.output_dir).write("oom", trainer.state.global_step, reason=why, **report)
+                trainer.control.should_training_stop = trainer.control.should_save = True
+                return None, []
+
+    def _join_step(self, pieces: list[Any], num_items: Any, failed_at: int, phase: str) -> None:
+        """This rank ran out of memory in piece ``failed_at`` of a step that other ranks go on
+        training: flag it, then run one-row passes of the pieces left, so this rank's
+        collectives match theirs (distributed/oom_flags.py), and the step is redone by all."""
+        trainer, last = self.trainer, len(pieces) - 1
+        if self._oom_flags is None or (failed_at == last and phase == "backward"):
+            if self._oom_flags is not None:
+                where = "the gradients' all-reduce had begun"
+            elif self.oom.retries == 0:
+                where = "oom_retries = 0"
+            elif trainer.accelerator.device.type == "cpu":
+                where = "no agreement between the ranks on CPU devices; WORKBENCH_OOM_AGREEMENT=1 turns it on"
+            else:
+                where = "FSDP and DeepSpeed hold collectives in the forward"
+            raise torch.OutOfMemoryError(
+                f"out of memory in {phase} on rank {trainer.accelerator.process_index} at step "
+                f"{trainer.state.global_step + 1}, not recoverable in place ({where}); resume from the last "
+                "checkpoint with a smaller per_device_train_batch_size")
+        self._oom_flags.raise_flag(trainer.state.global_step, self.oom.recovered, phase)
+        free_memory(trainer)
+        # DDP broadcasts the buffers at a step's first forward and then clears this flag, which
+        # the failed forward never got to: cleared here, the passes below broadcast as the other
+        # ranks' forwards of the same pieces do (not at all).
+        self.model.require_forward_param_sync = False
+        # A failed last piece is passed again (its all-reduce is still to come), others from the next.
+        for i in range(min(failed_at + 1, last), last + 1):
+            row = split_batch(pieces[i], max(batch_rows(pieces[i]), 1))[0]
+            with contextlib.nullcontext() if i == last else self.accelerator.no_sync(self.model):
+                trainer.training_step(self.model, row, num_items)
+
+    def _backward_all(self, pieces: list[Any], num_items: Any) -> list[Any]:
+        trainer, last = self.trainer, len(pieces) - 1
+        out = []
+        for i, inputs in enumerate(pieces):
+            self._piece = i  # where an out-of-memory error struck
+            self.ledger.enter("forward")  # training_step switches to backward itself
+            # Accumulating micro-batches skip the gradients' all-reduce (a no-op with one process).
+            with contextlib.nullcontext() if i == last else self.accelerator.no_sync(self.model):
+                out.append(trainer.training_step(self.model, inputs, num_items))
+            if i != last:
+                trainer.control = trainer.callback_handler.on_substep_end(self.args, trainer.state, trainer.control)
+        return out
 
     def _optimizer_step(self) -> None:
         trainer, args, acc = self.trainer, self.args, self.accelerator
@@ -322,12 +448,21 @@ class TrainingLoop:
     # -- what the Trainer and a save ask of the loop (core/run.py LoopHooks) -------------------
 
     def log_loss(self, start_time: float, learning_rate: float | None = None) -> None:
-        """Log the loss since the last log (a logging point)."""
+        """Log the loss since the last log (a logging point). With several ranks the loss, the
+        tokens and the FLOP are summed over them: the ledger books that as collective."""
+        left = self.ledger.enter("collective") if self._several else None
         logs = self.losses.log(start_time, learning_rate)
+        if logs is not None:
+            self._sync_tokens()
+            self.trainer.store_flos()
+        if left is not None:
+            self.ledger.enter(left)
         if logs is None:
             return
-        self._sync_tokens()
-        self.trainer.store_flos()
+        summary = self.ledger.summary()
+        idle = summary["evaluation"] + summary["save"] + summary["paused"]
+        self.trainer.throughput.window(exclude_seconds=idle - self._idle_at)  # rates of the training time
+        self._idle_at = idle
         self.trainer.log(logs, start_time)
 
     def prepare_save(self) -> None:
@@ -337,6 +472,9 @@ class TrainingLoop:
         trainer.workbench_state.loss_window = self.losses.export()
         self.guard.prepare_save(trainer)
         trainer.workbench_state.position = {**trainer.position.export(), "epoch_batches": self.batches_per_epoch}
+        rows = self.args.per_device_train_batch_size // self.oom.split
+        trainer.workbench_state.memory = memory_at_save(unwrap_model(trainer.model), trainer.optimizer,
+                                                        self.accelerator.device, rows)
 
     def pending_batches(self) -> list[dict[str, Any]]:
         """The host random streams of batches collated but not trained yet (core/rng.py's
@@ -363,7 +501,9 @@ class TrainingLoop:
             total = total + losses.count_target_items(batch["labels"], kind)
         total = total.to(self.accelerator.device)
         if self._averaging:
+            left = self.ledger.enter("collective")  # the ranks wait for each other here
             total = self.accelerator.gather(total.reshape(1)).sum()
+            self.ledger.enter(left)
         return total
 
     def _count_tokens(self, inputs: Mapping[str, Any], mode: str) -> None:
@@ -408,7 +548,7 @@ class TrainingLoop:
         return TrainOutput(state.global_step, train_loss, metrics)
 
 
-def _next_micro_batches(iterator: Any, count: int) -> list[Any]:
+def next_micro_batches(iterator: Any, count: int) -> list[Any]:
     """Up to ``count`` batches from ``iterator`` (fewer at the end of an epoch)."""
     micro = []
     for _ in range(count):
@@ -419,7 +559,7 @@ def _next_micro_batches(iterator: Any, count: int) -> list[Any]:
     return micro
 
 
-def _batch_size(inputs: Any) -> int:
+def batch_size(inputs: Any) -> int:
     """The samples in a micro-batch: the first dimension of its first tensor (any Mapping is
     a batch of named inputs; a tensor or a tuple of tensors is positional)."""
     if isinstance(inputs, Mapping):

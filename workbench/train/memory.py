@@ -17,7 +17,7 @@ import torch
 
 from workbench.core.records import MemoryUsage
 
-__all__ = ["memory_report", "tensor_bytes", "host_rss", "StageMemoryTracker"]
+__all__ = ["memory_report", "tensor_bytes", "host_rss", "StageMemoryTracker", "memory_at_save", "forecast_problem"]
 
 
 def tensor_bytes(tensors: Any) -> int:
@@ -78,6 +78,7 @@ def memory_report(model: torch.nn.Module | None, optimizer: Any = None,
     rss, rss_peak = host_rss()
     return MemoryUsage(
         parameters=tensor_bytes(params),
+        frozen_parameters=tensor_bytes(p for p in params if not p.requires_grad),
         gradients=tensor_bytes(grads),
         optimizer_state=tensor_bytes(_optimizer_tensors(optimizer)),
         device_type=device.type,
@@ -144,3 +145,34 @@ class StageMemoryTracker:
             metrics[f"{stage}_mem_gpu_peaked_delta"] = max(0, torch.cuda.max_memory_allocated(self.device) - now)
         self._stage = None
         return metrics
+
+
+def memory_at_save(model: torch.nn.Module, optimizer: Any, device: torch.device, rows: int) -> dict[str, Any] | None:
+    """What a checkpoint keeps of the device's memory for :func:`forecast_problem`: the peak
+    so far, the model's own tensors (which a batch size does not change), the rows of a
+    micro-batch and the device's total; None on devices without allocator counters."""
+    if device.type != "cuda":
+        return None
+    report = memory_report(model, optimizer, device)
+    return {"peak": report.device_peak, "static": report.parameters + report.gradients + report.optimizer_state,
+            "rows": rows, "total": torch.cuda.get_device_properties(device).total_memory}
+
+
+def forecast_problem(saved: dict[str, Any] | None, rows: int, total: int | None = None, margin: float = 0.95) -> str | None:
+    """Why a micro-batch of ``rows`` would not fit, forecast from a save's figures: the model's
+    tensors stay, the rest of the peak (activations) grows with the rows; None when it fits
+    or nothing is known (the CPU). One line with the figures."""
+    if not saved or not saved.get("peak") or not saved.get("rows") or rows <= saved["rows"]:
+        return None
+    total = total or saved.get("total")
+    if not total:
+        return None
+    per_row = max(saved["peak"] - saved["static"], 0) / saved["rows"]
+    forecast = saved["static"] + per_row * rows
+    if forecast <= margin * total:
+        return None
+    gib = 2**30
+    fits = int((margin * total - saved["static"]) / per_row) if per_row else rows
+    return (f"a micro-batch of {rows} rows needs about {forecast / gib:.1f} GiB (measured: {saved['peak'] / gib:.1f} GiB "
+            f"peak with {saved['rows']} rows, {saved['static'] / gib:.1f} GiB of it the model's tensors) of the "
+            f"device's {total / gib:.1f} GiB; use at most {max(fits, 1)} rows (or gradient accumulation)")

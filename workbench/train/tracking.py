@@ -21,16 +21,18 @@ __all__ = ["EventLogCallback", "TrackioCallback", "TensorBoardCallback", "report
 
 
 class EventLogCallback(TrainerCallback):
-    """Writes start, log, eval, save, end and error events (main process only).
+    """Writes start, log, eval, sample, save, end and error events (main process only).
 
     ``end`` and ``error`` say how the run ended, with the code ``workbench run`` exits with:
     clients that find the run gone (``workbench ctl``, an attached dashboard) read it here.
     ``stop`` is the trainer's agreed stop decision (who stopped it, whether it saved). start,
     end and error name the writing process (rank 0's pid, the one control.json names)."""
 
-    def __init__(self, stop: Any = None) -> None:
+    def __init__(self, stop: Any = None, ledger: Any = None, throughput: Any = None) -> None:
         self.log: EventFile | None = None
         self.stop = stop
+        self.ledger = ledger  # the run's time ledger: its summary goes into the end record
+        self.throughput = throughput  # the rates of the steps logged (train/throughput.py)
 
     def _out(self, args, state) -> EventFile | None:
         if not state.is_world_process_zero:
@@ -49,7 +51,9 @@ class EventLogCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         out = self._out(args, state)
         if out and logs and not any(k.startswith(("eval_", "test_")) for k in logs):
-            out.write("log", state.global_step, **logs)
+            # The rates go into the record, not into HF's log_history (kept as transformers has it).
+            rates = self.throughput.latest if self.throughput is not None and "loss" in logs else {}
+            out.write("log", state.global_step, **{**rates, **logs})
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         out = self._out(args, state)
@@ -61,14 +65,20 @@ class EventLogCallback(TrainerCallback):
         if out:
             out.write("save", state.global_step, checkpoint=f"checkpoint-{state.global_step}")
 
+    def on_sample(self, args, state, control, samples=None, **kwargs):
+        out = self._out(args, state)
+        for sample in (samples or ()) if out else ():  # one record per prompt: {prompt, answer, tokens}
+            out.write("sample", state.global_step, **sample)
+
     def on_train_end(self, args, state, control, **kwargs):
         out = self._out(args, state)
         if out:
             status = "stopped" if state.global_step < state.max_steps else "finished"
             stop = self.stop if self.stop is not None and self.stop.is_set() else None
             reason, saved = (stop.reason, bool(stop.save)) if stop is not None else (None, True)
+            ledger = {"time_ledger": self.ledger.summary()} if self.ledger is not None else {}
             out.write("end", state.global_step, epoch=state.epoch, status=status, stop_reason=reason, saved=saved,
-                      exit_code=run_exit_code(status, reason, saved), pid=os.getpid())
+                      exit_code=run_exit_code(status, reason, saved), pid=os.getpid(), **ledger)
 
     def on_error(self, args, state, control, error=None, model=None, optimizer=None, **kwargs):
         out = self._out(args, state)
@@ -158,12 +168,12 @@ SINKS: dict[str, type[TrainerCallback] | None] = {
 }
 
 
-def reporting_callbacks(args, stop: Any = None) -> list[TrainerCallback]:
+def reporting_callbacks(args, stop: Any = None, ledger: Any = None, throughput: Any = None) -> list[TrainerCallback]:
     """The sinks for ``args.report_to``; the events.jsonl log is always on (``stop``: the
-    trainer's stop decision, which its end record reports)."""
+    trainer's stop decision, which its end record reports with the ``ledger``'s summary)."""
     import importlib.util
 
-    callbacks: list[TrainerCallback] = [EventLogCallback(stop)]
+    callbacks: list[TrainerCallback] = [EventLogCallback(stop, ledger, throughput)]
     for name in args.report_to:
         cls, package = SINKS[name], REPORT_SINKS[name]
         if cls is None:

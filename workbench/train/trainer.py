@@ -30,6 +30,9 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from workbench.core.args.training import TrainingArguments
 from workbench.core.args.hf import as_workbench_arguments
 from workbench.guard.settings import Guard
+from workbench.core.ledger import Ledger
+from workbench.train.throughput import Throughput
+from workbench.distributed.health import Health
 from workbench.core.callbacks import CallbackHandler, TrainerCallback
 from workbench.core.state import TrainerControl, TrainerState, WorkbenchState
 from workbench.train.callbacks import DefaultFlowCallback, PrinterCallback, ProgressCallback
@@ -42,6 +45,7 @@ from workbench.train.schedules import step_on_metric
 from workbench.checkpoint.lock import hold_output_dir
 from workbench.checkpoint.store import CheckpointStore
 from workbench.train.accelerator_setup import check_sharding, make_accelerator
+from workbench.train.one_run import check_free as check_process_free, claim as claim_process
 from workbench.core.run import Gates, LoopPosition, Run
 from workbench.core.stop import StopRequest
 from workbench.distributed.rank_sync import RankSync
@@ -87,7 +91,11 @@ class Trainer(TrainerData, TrainerOptimizer, TrainerReports, TrainerLoss, Run):
         optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
         preprocess_logits_for_metrics: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
         guard: Guard | None = None,
+        health: Health | None = None,
     ) -> None:
+        # Not while another run trains here: the seed and the Accelerator reset below would
+        # change its RNG and precision under it (one_run.py).
+        check_process_free("build a Trainer")
         # transformers' TrainingArguments are read into workbench's (the user's object untouched).
         self.args = as_workbench_arguments(args) if args is not None else TrainingArguments("tmp_trainer")
         # workbench: what to do about non-finite or spiking losses (workbench/guard/); None is
@@ -96,6 +104,14 @@ class Trainer(TrainerData, TrainerOptimizer, TrainerReports, TrainerLoss, Run):
         if guard is not None and not isinstance(guard, Guard):
             raise TypeError(f"guard: expected a workbench Guard, got {type(guard).__name__}")
         self.guard: Guard | None = guard
+        # workbench: the time ledger (from here: start-up) and how the run watches itself
+        # for hangs and stragglers (distributed/health.py); on by default, cheap.
+        self.ledger = Ledger()
+        self.throughput = Throughput()  # tokens, samples, FLOP per second and MFU at each log
+        if health is not None and not isinstance(health, Health):
+            raise TypeError(f"health: expected a workbench Health, got {type(health).__name__}")
+        self.health = health if health is not None else Health()
+        self.health_listeners = []
         # workbench: the Session training this Trainer, if any; it then owns the control
         # endpoint, and train() does not serve one of its own (args.control, workbench/core/serving.py).
         self.control_owner: Any = None
@@ -169,7 +185,8 @@ class Trainer(TrainerData, TrainerOptimizer, TrainerReports, TrainerLoss, Run):
         from workbench.checkpoint.async_save import CheckpointWriter
 
         self.checkpoint_writer = CheckpointWriter()  # save_async writes here, in the background
-        defaults: list[Any] = [*DEFAULT_CALLBACKS, *reporting_callbacks(self.args, self.stop_decision)]
+        defaults: list[Any] = [*DEFAULT_CALLBACKS, *reporting_callbacks(self.args, self.stop_decision, self.ledger,
+                                                                               self.throughput)]
         # As HF: the bare printer when progress bars are disabled, else the progress lines.
         defaults.append(PrinterCallback if self.args.disable_tqdm else ProgressCallback)
         self.callback_handler = CallbackHandler(
@@ -251,6 +268,8 @@ class Trainer(TrainerData, TrainerOptimizer, TrainerReports, TrainerLoss, Run):
         )
         if not normalized and self.current_gradient_accumulation_steps != 1:
             loss = loss / self.current_gradient_accumulation_steps
+        if self.loop is not None:
+            self.ledger.enter("backward")
         if self._plain_backward:
             loss.backward()
         else:  # loss scaling (fp16) and engines (DeepSpeed) go through Accelerate
@@ -312,6 +331,12 @@ class Trainer(TrainerData, TrainerOptimizer, TrainerReports, TrainerLoss, Run):
 
             return control_runner()(self, resume_from_checkpoint=resume_from_checkpoint, trial=trial,
                                     ignore_keys_for_eval=ignore_keys_for_eval)
+        with claim_process(self):  # one run a process: Accelerate's state is process-wide (one_run.py)
+            return self._train(resume_from_checkpoint, trial, ignore_keys_for_eval)
+
+    def _train(self, resume_from_checkpoint: str | bool | None, trial: Any,
+               ignore_keys_for_eval: list[str] | None) -> TrainOutput:
+        """train()'s body, with the process claimed for this run."""
         from workbench.train.loop import TrainingLoop
 
         if self.model_init is not None:
@@ -496,6 +521,12 @@ class Trainer(TrainerData, TrainerOptimizer, TrainerReports, TrainerLoss, Run):
         from workbench.checkpoint.trainer_state import save_checkpoint
 
         return save_checkpoint(self)
+
+    def fork_between_steps(self, action: str, order: dict[str, Any]) -> None:
+        """Take part in rank 0's fork, keep or discard on this rank (train/forking.py)."""
+        from workbench.train.forking import follow_fork
+
+        follow_fork(self, action, order)
 
     def _get_output_dir(self, trial: Any = None) -> str:
         """Where checkpoints go (HF's hook; hyperparameter-search runs would add a run folder)."""

@@ -1,0 +1,91 @@
+"""The notebook panel's Schedule and Fork tabs (issue 28), with real ipywidgets and bqplot.
+
+Schedule: a change is previewed on the learning-rate chart (dashed, nothing applied), refused
+in one line when the run would refuse it, and applied as a live edit with its reason; the
+chart then draws the new plan dashed after the logged rate. Fork: variants typed one a line
+train from the pause, their curves are drawn over the parent's with a table, one is kept."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+pytest.importorskip("bqplot")
+
+from support import DEADLINE, Slow, make_session, wait_until  # noqa: E402
+
+
+@pytest.fixture
+def paneled(tmp_path, sessions):
+    """A started, slowed run of 500 steps and its panel (closed afterwards)."""
+    session = make_session(tmp_path / "out", callbacks=[Slow(0.004)], max_steps=500)
+    sessions.append(session)
+    panel = session.panel()
+    session.start()
+    yield session, panel
+    panel.close()
+
+
+def test_the_schedule_tab_previews_then_applies_a_decay(paneled):
+    session, panel = paneled
+    wait_until(lambda: session.snapshot().step >= 3, "the run to start")
+    session.pause(wait=True, timeout=DEADLINE)
+    step = session.snapshot().step
+    tab = panel.schedule
+    assert panel.tabs.titles[6] == "Schedule" and panel.tabs.children[6] is tab.box
+    assert panel.lr_chart.lines["lr_plan"].line_style == "dashed"
+    panel.refresh()
+    plan = panel.lr_chart.points("lr_plan")
+    assert plan and plan[0][0] == step + 1 and plan[-1][0] == 500
+
+    tab.op.value = "decay_now"
+    tab.args.value = "steps=0"
+    tab.preview_button.click()
+    assert 'data-level="error"' in panel.notice.value and "whole number &gt;= 1" in panel.notice.value
+    tab.args.value = "steps=40 shape=cosine"
+    tab.preview_button.click()
+    assert "dashed orange" in panel.notice.value
+    preview = panel.lr_chart.points("lr_preview")
+    assert preview[0][0] == step + 1 and preview[-1][0] == step + 40
+    assert session.snapshot().max_steps == 500 and not session.snapshot().edits  # a preview changes nothing
+
+    tab.reason.value = "eval loss flat"
+    tab.apply_button.click()
+    assert "schedule changed" in panel.notice.value
+    edit = session.snapshot().edits[-1]
+    assert edit["schedule"]["op"] == "decay_now" and edit["reason"] == "eval loss flat"
+    panel.refresh()
+    assert panel.lr_chart.points("lr_preview") == []
+    assert panel.lr_chart.points("lr_plan") == [(s, pytest.approx(v)) for s, v in preview]
+
+
+def test_the_fork_tab_forks_draws_the_variants_and_keeps_one(paneled):
+    from workbench.widgets.fork_view import parse_variants
+
+    session, panel = paneled
+    wait_until(lambda: session.snapshot().step >= 12, "the run to log a few losses")
+    session.pause(wait=True, timeout=DEADLINE)
+    step = session.snapshot().step
+    tab = panel.forks
+    assert panel.tabs.titles[7] == "Fork" and panel.tabs.children[7] is tab.box
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_variants("b: learning_rate")
+    tab.variants.value = "a:\nb: learning_rate=nope"
+    tab.steps.value = 6
+    tab.fork_button.click()
+    assert 'data-level="error"' in panel.notice.value and "variant b: learning_rate" in panel.notice.value
+    tab.variants.value = "a:\nb: learning_rate=5e-2\nc: schedule=decay_now steps=6"
+    tab.fork_button.click()
+    assert "3 variants trained 6 steps" in panel.notice.value, panel.notice.value
+    assert "<b>b</b>" in tab.table.value and "same batches" in tab.table.value
+    assert tab.table.value.count("<td>yes</td>") == 3
+    drawn = tab.chart.points("variant1")
+    assert drawn[0][0] == step and drawn[-1][0] == step + 6
+    assert tab.chart.lines["variant1"].labels == ["b"] and tab.chart.points("parent")
+    assert list(tab.keep_select.options) == ["a", "b", "c"]
+    tab.keep_select.value = "b"
+    tab.keep_button.click()
+    assert "kept b" in panel.notice.value
+    assert session.snapshot().step == step + 6
+    panel.refresh()
+    assert "★" in tab.table.value and list(tab.keep_select.options) == []
