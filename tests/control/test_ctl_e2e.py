@@ -171,6 +171,42 @@ def test_a_client_tells_a_preempted_headless_run_and_follows_its_resume(tmp_path
                 run.kill()
 
 
+def test_a_run_too_busy_to_answer_in_time_is_slow_not_ended(tmp_path):
+    """A run frozen past the client's timeout (SIGSTOP: what 2 busy cores or a long save look
+    like from outside) stays running to the client, and once it truly ends the client tells
+    how, from the run's own record: a late answer never turns into a made-up ending."""
+    import signal
+
+    (tmp_path / "run.toml").write_text(CTL_CONFIG)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    run = Spawned([sys.executable, "-m", "workbench", "run", "run.toml", "--headless",
+                   "--set", "training.enable_jit_checkpoint=true"], cwd=tmp_path, env=env, logs=tmp_path / "logs")
+    try:
+        wait_until(lambda: (out / CONTROL_FILE).exists() or run.poll() is not None, "control.json", 120)
+        remote = attach(out, timeout=0.5)
+        wait_until(lambda: remote.snapshot().step >= 5, "some steps")
+        seen = remote.snapshot()
+        run.send_signal(signal.SIGSTOP)
+        try:
+            assert remote.snapshot() is seen  # timed out: the last snapshot, not an ending
+            assert remote.status == Status.RUNNING and remote.stop_reason is None
+            events, _ = remote.events_since(0)
+            assert all(e.kind != "gone" for e in events)
+        finally:
+            run.send_signal(signal.SIGCONT)
+        wait_until(lambda: remote.snapshot().step > seen.step, "training again after SIGCONT")
+        run.send_signal(signal.SIGTERM)
+        run.communicate(timeout=120)
+        assert run.returncode == 143
+        assert remote.status == Status.STOPPED and remote.stop_reason == "SIGTERM"
+        assert remote.end_note().startswith("the run stopped by SIGTERM at step")
+    finally:
+        if run.poll() is None:
+            run.send_signal(signal.SIGCONT)
+            run.kill()
+
+
 def test_malformed_requests_leave_nothing_on_the_runs_stderr(tmp_path):
     """The same lines against a ``workbench run`` subprocess: each an error reply, the run goes
     on, and its stderr holds no traceback (a 5,000-deep line once left a RecursionError there)."""

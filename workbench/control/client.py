@@ -69,6 +69,15 @@ def resolve_target(target: str | Path) -> dict[str, Any]:
     return info
 
 
+class Unanswered(NoLiveRun):
+    """The run took the connection but did not say hello within the timeout: busy or frozen,
+    not gone (to a new client it is no live run; to one already attached, a slow one)."""
+
+
+# What a late answer raises: the run is slow, not ended.
+SLOW = (TimeoutError, Unanswered)
+
+
 class Connection:
     """One socket to the server: request, reply; or a stream of events once subscribed."""
 
@@ -105,7 +114,8 @@ class Connection:
         except (OSError, ProtocolError, RemoteError) as exc:
             self.close()
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
-            raise NoLiveRun(f"the run at {where} did not answer ({why})") from None
+            raise (Unanswered if isinstance(exc, TimeoutError) else NoLiveRun)(
+                f"the run at {where} did not answer ({why})") from None
         self.idle_timeout = float(self.hello.get("idle_timeout") or _IDLE_DEFAULT)
         self.used = time.monotonic()
         if self.hello.get("protocol") != PROTOCOL_VERSION:
@@ -320,6 +330,8 @@ class RemoteSession(ScheduleSteering):
     def status(self) -> Status:
         try:
             return Status(self._call("status")["status"])
+        except SLOW:  # a busy run answers late: it is still where it was last seen
+            return self._snapshot.status
         except (NoLiveRun, OSError):
             return self._ended_status()
 
@@ -335,6 +347,8 @@ class RemoteSession(ScheduleSteering):
     def stop_reason(self) -> str | None:
         try:
             return self._call("status")["stop_reason"]
+        except SLOW:
+            return self._snapshot.stop_reason
         except (NoLiveRun, OSError):
             return self._ended_record().get("stop_reason")
 
@@ -344,6 +358,10 @@ class RemoteSession(ScheduleSteering):
             data = self._call("snapshot", since=self._snapshot.updated or None, series_since=self._series_version,
                               series_delta=2)
             series = None if data.get("unchanged") else self._series_from(data)
+        except SLOW:
+            # Slow, not gone: a run under load (2 busy cores, a long save) can miss the
+            # client's timeout; taking that for its end would report it stopped while it trains.
+            return self._snapshot
         except (NoLiveRun, OSError):
             if self._snapshot.status not in ENDED:
                 from dataclasses import replace
@@ -383,6 +401,8 @@ class RemoteSession(ScheduleSteering):
             while result.get("more") and len(pages) < 64:  # replies are pages cut by size
                 result = self._call("events", cursor=int(result["cursor"]))
                 pages.append(result)
+        except SLOW:
+            return [], cursor  # slow, not gone: the events come on the next poll
         except (NoLiveRun, OSError):
             return self._gone_events(), cursor
         events = [event_from_dict(e) for page in pages for e in page["events"]]
@@ -397,14 +417,18 @@ class RemoteSession(ScheduleSteering):
 
     def _ended_record(self) -> dict[str, Any]:
         """How the run ended: its last event if this client saw it, else events.jsonl's record
-        (read once), else a note that it is gone without one."""
-        if self._end is None:
-            from workbench.control.outcome import last_outcome, note_for
+        (kept once found), else a note that it is gone without one (read again next time: a
+        run still writing its record must not be told as gone for good)."""
+        if self._end is not None:
+            return self._end
+        from workbench.control.outcome import last_outcome, note_for
 
-            pid = self.info.get("pid")
-            outcome = last_outcome(self.output_dir, pid) if self.output_dir is not None else None
-            self._end = {**(outcome or {}), "note": note_for(outcome, pid)}
-        return self._end
+        pid = self.info.get("pid")
+        outcome = last_outcome(self.output_dir, pid) if self.output_dir is not None else None
+        end = {**(outcome or {}), "note": note_for(outcome, pid)}
+        if outcome is not None:
+            self._end = end
+        return end
 
     def _gone_events(self) -> list[SessionEvent]:
         if self._told_end:
