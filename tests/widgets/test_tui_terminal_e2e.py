@@ -159,6 +159,7 @@ def test_the_autopilots_proposal_the_schedule_preview_and_a_fork_in_a_real_termi
                              "the edit form with the current plan")
         keys(*["Tab"] * 6)
         keys("decay_now steps=30")
+        wait_screen(lambda s: re.search(r"or the schedule\s+decay_now steps=30", s), "the change typed in its field")
         wait_screen(lambda s: sum(c in BRAILLE for c in s) > sum(c in BRAILLE for c in before),
                     "the change's preview drawn beside the plan")
         keys("Escape")  # nothing applied

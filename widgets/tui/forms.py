@@ -111,6 +111,10 @@ class EditForm(_Form):
             yield from self.buttons("Apply", compact=True)
 
     def on_mount(self) -> None:
+        # Focus before the first paint: a key typed as soon as the form shows lands in its
+        # first field (the screen's own auto-focus can come a frame later, and Tab then
+        # starts from nothing and ends one field short).
+        self.query_one("#edit-learning_rate", Input).focus()
         self.preview("")
 
     def on_input_changed(self, event: Input.Changed) -> None:
@@ -128,6 +132,7 @@ class EditForm(_Form):
             return
         self.error("")
         self.query_one(PlanChart).show(now, proposed)
+
     def submit(self) -> None:
         """Send the filled-in fields (empty ones keep their value); keep the form open on any refusal."""
         texts = {key: self.query_one(f"#edit-{key}", Input).value.strip() for key, _label in EDIT_FIELDS}
