@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 from safetensors.torch import load_file  # noqa: E402
 
+from support.finetune import assert_merged_logits  # noqa: E402
 from support.processes import outcome, start_workbench, workbench  # noqa: E402
 from support.waiting import wait_until  # noqa: E402
 
@@ -105,8 +106,9 @@ def test_export_merge_loads_with_transformers_and_gives_the_trained_logits(proje
     tokenizer = transformers.AutoTokenizer.from_pretrained(project / "merged")
     batch = tokenizer.apply_chat_template([{"role": "user", "content": "What is 4 plus 4?"}],
                                           add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    bare = transformers.AutoModelForCausalLM.from_pretrained(project / "models" / "tiny-llama").eval()
     with torch.no_grad():
-        torch.testing.assert_close(merged(**batch).logits, trained(**batch).logits, rtol=1e-5, atol=1e-5)
+        assert_merged_logits(merged(**batch).logits, trained(**batch).logits, bare(**batch).logits)
 
 
 def test_prompt_completion_data_trains_with_raw_prompt_samples(project):
