@@ -100,6 +100,9 @@ class ProgressCallback(TrainerCallback):
         self._start: float | None = None
         self._start_step = 0
         self._first_began: float | None = None
+        # Where the ETA's rate is measured from: the end of the first step, so the evaluation
+        # before training and the first step's warm-up (one-offs) do not stretch it.
+        self._rate_from: tuple[float, int] | None = None
         self._world = 1
 
     def _write(self, text: str) -> None:
@@ -115,6 +118,8 @@ class ProgressCallback(TrainerCallback):
             self._first_began = self.clock()
 
     def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self._start_step + 1:
+            self._rate_from = (self.clock(), state.global_step)
         # The first step gets a line of its own, so a headless run shows it is training within
         # seconds, not only at the first logging step (logging_steps may be far). No rate or
         # ETA: one step, warm-up included, would extrapolate badly.
@@ -153,7 +158,7 @@ class ProgressCallback(TrainerCallback):
         elapsed = now - (self._start if self._start is not None else now)
         done = state.global_step - self._start_step
         remaining = state.max_steps - state.global_step
-        eta = elapsed / done * remaining if done > 0 else float("nan")
+        eta = self.eta(now, state.global_step, remaining)
         parts = [f"step {state.global_step}/{state.max_steps}", f"epoch {(state.epoch or 0):.2f}"]
         if "loss" in logs:
             parts.append(f"loss {logs['loss']:.4f}")
@@ -168,6 +173,15 @@ class ProgressCallback(TrainerCallback):
         parts.append(f"elapsed {_clock(elapsed)}" + (f" (paused {_clock(paused)})" if paused >= 1 else ""))
         parts.append(f"ETA {_clock(eta)}" if math.isfinite(eta) else "ETA ?")
         return parts
+
+    def eta(self, now: float, step: int, remaining: int) -> float:
+        """Seconds left at the rate since the first step ended (periodic evaluations and saves
+        recur, so they belong in it; the evaluation before training and the warm-up do not);
+        NaN before a second step has ended."""
+        if self._rate_from is None or step <= self._rate_from[1]:
+            return float("nan")
+        began, first = self._rate_from
+        return (now - began) / (step - first) * remaining
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         if not state.is_world_process_zero or not metrics:
