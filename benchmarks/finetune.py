@@ -3,8 +3,13 @@
 1. LoRA vs full fine-tuning of the same Llama-style model (built locally by
    workbench/models/tiny_llama.py, width ``--hidden``, ``--layers`` blocks) on the same chat
    rows through workbench's Trainer: steps/s (the loop after a warm-up, saves excluded), the
-   model's own tensor bytes (parameters, gradients, optimizer state) at the end, and the
-   bytes of one checkpoint on disk. Rows alternate over the repetitions.
+   model's own tensor bytes (parameters, gradients, optimizer state) at the end, the bytes
+   of one checkpoint on disk, and peak memory. Each of these runs is a fresh process of its
+   own (spawned), so its peak RSS (``getrusage`` ``ru_maxrss``) is that variant's alone, not
+   the high-water mark of every run before it; on a GPU, torch's ``max_memory_allocated``
+   too. Peak RSS includes the interpreter, torch and the loaded base model, the same in both
+   variants, so the difference between the rows is what full fine-tuning adds (gradients,
+   optimizer state, their temporaries). Rows alternate over the repetitions.
 2. Samples: the same LoRA run with and without a SamplesCallback (2 prompts, 16 new tokens,
    at each evaluation): seconds each sample point adds, and the step time between sample
    points (the ratio shows it costs nothing there).
@@ -17,11 +22,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import multiprocessing
 import os
+import resource
 import statistics
+import sys
 import tempfile
 import time
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -116,6 +125,37 @@ def _run(folder: Path, tokenizer, data, out: str, *, lora: bool, steps: int, sam
             "sample_points": sampler.seconds if sampler is not None else []}
 
 
+def _peak_rss() -> int:
+    """This process's peak resident set size so far, in bytes (ru_maxrss is KiB on Linux,
+    bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def _variant(folder: str, out: str, lora: bool, steps: int) -> dict:
+    """One LoRA or full run in this (fresh) process, with its peak memory: what a spawned
+    worker runs, so each variant's peak RSS starts from a bare interpreter."""
+    from transformers import AutoTokenizer
+
+    torch.set_num_threads(1)  # as the parent: steps/s stay comparable with the in-process runs
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    data = _data(tokenizer, 256)
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    result = _run(Path(folder), tokenizer, data, out, lora=lora, steps=steps)
+    result["peak_rss"] = _peak_rss()
+    result["cuda_peak"] = torch.cuda.max_memory_allocated() if cuda else None
+    return result
+
+
+def _isolated(folder: Path, out: str, *, lora: bool, steps: int) -> dict:
+    """``_variant`` in a spawned process of its own (a fork would inherit the parent's pages
+    and its peak RSS with them)."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_variant, str(folder), out, lora, steps).result()
+
+
 def _mib(n: float) -> str:
     return f"{n / 2**20:.2f} MiB"
 
@@ -138,17 +178,24 @@ def main() -> None:
             order = list(rows) if repeat % 2 == 0 else list(reversed(rows))
             for name in order:
                 out = os.path.join(tmp, f"{name[:4]}-{repeat}")
-                rows[name].append(_run(folder, tokenizer, data, out, lora=name.startswith("LoRA"), steps=opts.steps))
+                rows[name].append(_isolated(folder, out, lora=name.startswith("LoRA"), steps=opts.steps))
         print(f"1. LoRA vs full fine-tuning: Llama hidden {opts.hidden}, {opts.layers} layers, batch 16, "
-              f"{opts.steps} steps, median of {opts.repeats}")
+              f"{opts.steps} steps, median of {opts.repeats}, each run a process of its own")
+        gpu = any(r["cuda_peak"] is not None for results in rows.values() for r in results)
         print(f"{'run':<22} {'steps/s':>8} {'ratio':>6} {'trained':>10} {'frozen':>10} {'tensors':>11} "
-              f"{'optim':>10} {'checkpoint':>11}")
+              f"{'optim':>10} {'checkpoint':>11} {'peak RSS':>11} {'vs full':>11}" + (f" {'GPU peak':>11}" if gpu else ""))
         base = statistics.median(r["steps/s"] for r in rows["full fine-tuning"])
+        full_rss = statistics.median(r["peak_rss"] for r in rows["full fine-tuning"])
         for name, results in rows.items():
             rate = statistics.median(r["steps/s"] for r in results)
+            rss = statistics.median(r["peak_rss"] for r in results)
             last = results[-1]
-            print(f"{name:<22} {rate:>8.1f} {rate / base:>6.2f} {last['trained']:>10,} {last['frozen']:>10,} "
-                  f"{_mib(last['tensors']):>11} {_mib(last['optim']):>10} {_mib(last['checkpoint']):>11}")
+            line = (f"{name:<22} {rate:>8.1f} {rate / base:>6.2f} {last['trained']:>10,} {last['frozen']:>10,} "
+                    f"{_mib(last['tensors']):>11} {_mib(last['optim']):>10} {_mib(last['checkpoint']):>11} "
+                    f"{_mib(rss):>11} {'+' if rss >= full_rss else '-'}{_mib(abs(rss - full_rss)):>10}")
+            if gpu:
+                line += f" {_mib(statistics.median(r['cuda_peak'] for r in results)):>11}"
+            print(line)
 
         eval_steps = 10
         points = opts.steps // eval_steps

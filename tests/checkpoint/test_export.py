@@ -4,6 +4,7 @@ trained model's logits, and every refusal one line with nothing written."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -66,15 +67,23 @@ def test_merge_gives_a_plain_transformers_model_with_the_trained_logits(trained,
 
 
 def test_an_adapter_export_names_its_base_and_loads_with_peft(trained, finetune_workspace, tmp_path):
-    from peft import PeftModel
+    from peft import AutoPeftModelForCausalLM, PeftModel
 
     checkpoint, batch, logits = trained
-    assert main(["export", str(checkpoint), str(tmp_path / "adapter")]) == 0
-    names = {p.name for p in (tmp_path / "adapter").iterdir()}
+    out = tmp_path / "adapter"
+    assert main(["export", str(checkpoint), str(out)]) == 0
+    names = {p.name for p in out.iterdir()}
     assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json"} <= names
-    base = transformers.AutoModelForCausalLM.from_pretrained(finetune_workspace.model)
-    model = PeftModel.from_pretrained(base, tmp_path / "adapter")
+    named = json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert Path(named).resolve() == finetune_workspace.model.resolve()
+    # Through the base the export names, as a user of the folder loads it (peft reads the name
+    # from adapter_config.json): no merge, so the very logits of the trained model.
+    model = AutoPeftModelForCausalLM.from_pretrained(out)
+    assert isinstance(model, PeftModel)
     assert torch.equal(_logits(model, batch), logits)
+    # And with the base given by hand, as the adapter's own loader takes it.
+    base = transformers.AutoModelForCausalLM.from_pretrained(named)
+    assert torch.equal(_logits(PeftModel.from_pretrained(base, out), batch), logits)
 
 
 def test_a_full_checkpoint_exports_its_weights(finetune_workspace, tmp_path):
@@ -109,11 +118,8 @@ def test_every_refusal_is_one_line_and_writes_nothing(trained, tmp_path, capsys)
     assert "is damaged" in _refused(capsys, ["export", str(damaged), str(tmp_path / "o2")])
     gone = tmp_path / "gone" / checkpoint.name
     shutil.copytree(checkpoint, gone)
-    config = (gone / "adapter_config.json").read_text().replace(str(Path(checkpoint).parent), "/x")
     (gone / "manifest.json").unlink()
-    import json
-
-    data = json.loads(config)
+    data = json.loads((gone / "adapter_config.json").read_text())
     data["base_model_name_or_path"] = "/nowhere/tiny-llama"
     (gone / "adapter_config.json").write_text(json.dumps(data))
     assert "is not a folder on this machine" in _refused(capsys, ["export", str(gone), str(tmp_path / "o3")])

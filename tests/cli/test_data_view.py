@@ -1,6 +1,6 @@
 """``workbench data CONFIG --show N`` in process: the train rows decoded with the trained tokens
 marked, a summary, one line and exit 2 for bad input, and nothing written into output_dir.
-test_data_view_e2e.py runs the same through the ``workbench`` command.
+tests/cli/test_chat_data_e2e.py runs the same through the ``workbench`` command.
 """
 
 from __future__ import annotations

@@ -69,8 +69,10 @@ def test_checkpoints_hold_the_adapter_as_transformers_writes_it(side_by_side):
     _, _, root = side_by_side
     for step in (3, 6):
         ours, theirs = root / "workbench" / f"checkpoint-{step}", root / "transformers" / f"checkpoint-{step}"
-        names = {p.name for p in ours.iterdir()}
-        assert names - {p.name for p in theirs.iterdir()} == WORKBENCH_ONLY
+        names, hf_names = {p.name for p in ours.iterdir()}, {p.name for p in theirs.iterdir()}
+        # Both ways: workbench adds its own files only, and drops none transformers writes.
+        assert names - hf_names == WORKBENCH_ONLY, f"files only workbench writes: {names - hf_names}"
+        assert hf_names - names == set(), f"files transformers writes and workbench does not: {hf_names - names}"
         assert {"adapter_model.safetensors", "adapter_config.json"} <= names and "model.safetensors" not in names
         mine, hf = load_file(ours / "adapter_model.safetensors"), load_file(theirs / "adapter_model.safetensors")
         assert mine.keys() == hf.keys() and all(torch.equal(mine[k], hf[k]) for k in mine)
@@ -150,3 +152,73 @@ def test_memory_report_and_inspect_tell_trained_from_frozen(side_by_side):
 
     assert "trained" in inspect_summary({"layers": layers})[0] and "frozen" in memory_line(report)
     assert [row.label for row in memory_rows(report)][:2] == ["trained", "frozen"]
+
+
+# -- answer tokens through a config-built LoRA run -------------------------------------------
+
+LORA_CHAT_CONFIG = """\
+[model]
+pretrained = "{model}"
+[model.peft]
+r = 4
+lora_alpha = 8
+target_modules = ["q_proj", "v_proj"]
+[data]
+train = {{ path = "{train}" }}
+format = "{format}"
+[training]
+output_dir = "out"
+per_device_train_batch_size = 4
+gradient_accumulation_steps = 2
+max_steps = 2
+train_sampling_strategy = "sequential"
+learning_rate = 1e-2
+save_strategy = "no"
+report_to = "none"
+disable_tqdm = true
+"""
+
+
+def _answers(row: dict, tokenizer) -> str:
+    """The text a row trains on, from the row itself: the assistant's turns with their end
+    token (messages), or the completion and eos (prompt-completion)."""
+    if "messages" in row:
+        return "".join(m["content"] + "<|end|>" for m in row["messages"] if m["role"] == "assistant")
+    return row["completion"] + tokenizer.eos_token
+
+
+@pytest.mark.parametrize("format", ["messages", "prompt-completion"])
+def test_a_lora_run_on_chat_data_trains_the_answer_tokens_only(finetune_workspace, tmp_path, format):
+    """``[model.peft]`` with chat data, as ``workbench run`` builds it: each micro-batch's
+    trained tokens are the answers of its rows, and the ``num_items_in_batch`` the PEFT model's
+    loss divides by is the step's count of them."""
+    from workbench.config.build import build_trainer
+    from workbench.config.loader import load_config
+
+    train = finetune_workspace.chat if format == "messages" else finetune_workspace.completions
+    path = tmp_path / "cfg.toml"
+    path.write_text(LORA_CHAT_CONFIG.format(model=finetune_workspace.model, train=train, format=format))
+    trainer = build_trainer(load_config(path), progress=False)
+    assert is_peft_model(unwrap_model(trainer.model))
+    tokenizer = trainer.processing_class
+    seen: list[dict] = []
+
+    def record(module, args, kwargs, output):
+        seen.append({"items": int(kwargs["num_items_in_batch"]), "ids": kwargs["input_ids"].clone(),
+                     "labels": kwargs["labels"].clone()})
+
+    unwrap_model(trainer.model).register_forward_hook(record, with_kwargs=True)
+    trainer.train()
+    assert len(seen) == 4  # 2 steps of 2 micro-batches of 4 rows, in the file's order
+    rows = [json.loads(line) for line in train.read_text().splitlines()][:16]
+    for step in range(2):
+        micro = seen[2 * step: 2 * step + 2]
+        trained = [m["labels"] != -100 for m in micro]
+        count = sum(int(t.sum()) for t in trained)
+        assert [m["items"] for m in micro] == [count, count]
+        for k, (m, mask) in enumerate(zip(micro, trained)):
+            assert torch.equal(m["labels"][mask], m["ids"][mask])  # a trained label is the token itself
+            for j in range(4):
+                row = rows[8 * step + 4 * k + j]
+                text = tokenizer.decode(m["ids"][j][mask[j]].tolist(), skip_special_tokens=False)
+                assert text == _answers(row, tokenizer), (step, k, j)
