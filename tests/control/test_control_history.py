@@ -132,10 +132,16 @@ def test_sample_is_capped_checked_and_never_runs_while_the_loop_trains(tmp_path,
     sessions.append(session.start())
     wait_until(lambda: (out / CONTROL_FILE).exists() and session.snapshot().step >= 2, "the run to start")
     remote = attach(out)
-    for where in (session, remote):
+    person = attach(out, client="attach")  # an attached dashboard's inspect screen
+    for where in (session, remote, person):
         with pytest.raises(RuntimeError, match="pause it first") as refused:
             where.sample("def ", max_new_tokens=8)
         assert "\n" not in str(refused.value)
+        # Worded for the caller: Python (in process, or a script over workbench.attach) is told
+        # the Python call; a person at a dashboard or command line the key and the CLI command.
+        told = str(refused.value)
+        assert ("session.pause(wait=True)" in told) == (where is not person), told
+        assert (f"p in the dashboard, or workbench ctl {out} pause --wait" in told) == (where is person), told
         for options, word in BAD_SAMPLES:
             with pytest.raises(ValueError, match=word) as bad:
                 where.sample(**{"prompt": "def ", **options})
@@ -164,6 +170,7 @@ def test_sample_is_capped_checked_and_never_runs_while_the_loop_trains(tmp_path,
     assert remote.sample("def ", max_new_tokens=16, seed=3) == session.sample("def ", max_new_tokens=16, seed=3)
     assert session.snapshot().step == step and session.model.training
     remote.close()
+    person.close()
 
 
 # -- watching a run whose replies fail -------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Clocks and rates across a pause (issue 29, item 4): the elapsed clock stands still while a
 run is paused and goes on from there after it (it never jumps back), the time spent paused is
 shown apart, and samples/s counts training time only, in the snapshot (what the dashboard,
-the notebook panel and ``ctl status`` show) and in a headless run's progress lines."""
+the notebook panel and ``ctl status`` show), in a headless run's progress lines and its last
+"done:" line, and in ``watch`` of a recorded run."""
 
 from __future__ import annotations
 
@@ -55,3 +56,47 @@ def test_a_paused_runs_elapsed_time_stands_still_and_its_rate_does_not_decay(tmp
     lines = [ln for ln in printer.stream.getvalue().splitlines() if ln.startswith("step ")]
     assert any("(paused 0:01)" in ln for ln in lines), lines[-3:]
     assert "stopped from Python (session.stop())" in summary_lines(session.snapshot())[0]
+
+
+def test_watch_of_a_recorded_run_takes_its_pauses_out_of_the_elapsed_clock(tmp_path):
+    """``workbench watch`` of an ended run rebuilds its clock from events.jsonl: the time
+    between each pause and its resume (or the end, for a run stopped while paused) is paused
+    time, not training time, as it was in the live run's snapshot."""
+    import json
+
+    from workbench.control.watch import RecordedRun, text_summary
+    from workbench.core.names import EVENTS_FILE
+
+    records = [("start", 0, 100.0, {"max_steps": 50, "run_name": "r", "pid": 1}), ("log", 10, 110.0, {"loss": 1.0}),
+               ("pause", 20, 120.0, {}), ("resume", 20, 150.0, {}),  # 30 s paused
+               ("log", 30, 160.0, {"loss": 0.5}), ("pause", 30, 170.0, {}),  # paused until the stop: 30 s more
+               ("end", 30, 200.0, {"status": "stopped", "stop_reason": "ctl", "saved": False, "exit_code": 130})]
+    (tmp_path / EVENTS_FILE).write_text("".join(
+        json.dumps({"event": kind, "time": at, "step": step, **data}) + "\n" for kind, step, at, data in records))
+    snap = RecordedRun(tmp_path).snapshot()
+    assert snap.paused == 60.0 and snap.elapsed == 40.0  # 100 s from start to end, 60 of them paused
+    assert elapsed_text(snap) == "elapsed 0:00:40 (paused 0:01:00)"
+    assert text_summary(RecordedRun(tmp_path))[0] == (
+        "r: stopped from workbench ctl at step 30/50 after 40s (paused 1m 00s)")
+
+
+def test_the_headless_done_line_counts_training_time_and_shows_the_pauses_apart():
+    """The last line of a headless run: HF's train_runtime is wall time, pauses included; the
+    line gives the training time, with the pauses apart, and a rate over training time."""
+    from types import SimpleNamespace
+
+    now = [1000.0]
+    printer = ProgressCallback(stream=io.StringIO())
+    printer.clock = lambda: now[0]  # the Session's pause clock: it stood still during the 90 s paused
+    printer.paused = lambda: 90.0
+    state = SimpleNamespace(global_step=0, is_world_process_zero=True)
+    printer.on_train_begin(None, state, None)
+    now[0] += 30.0
+    state.global_step = 100
+    logs = {"train_runtime": 120.0, "train_samples_per_second": 10.0, "train_loss": 0.5}
+    printer.on_log(None, state, None, logs=logs)
+    printer.paused = lambda: 0.5  # under a second of pauses: the wall time, as HF counts it, and no "paused"
+    printer.on_log(None, state, None, logs=logs)
+    assert printer.stream.getvalue().splitlines() == [
+        "done: 100 steps in 0:30 (paused 1:30) | train_loss 0.5000 | 40.0 samples/s",  # 10/s over 120 s is 40/s over 30
+        "done: 100 steps in 2:00 | train_loss 0.5000 | 10.0 samples/s"]

@@ -1,13 +1,16 @@
 """What a new user meets in the dashboard (issue 29), driven with Pilot over real runs: the
 quit dialog names the step the run is at when the choice is made; ``workbench watch`` is
-read-only and looks it; the inspect screen and the memory panel say the gradients are freed
-between steps instead of showing "-" and "0 B"; a stop says who made it."""
+read-only and looks it (no steering key, no checkpoint action, a help without them); the
+inspect screen and the memory panel say the gradients are freed between steps instead of
+showing "-" and "0 B"; a stop says who made it."""
 
 from __future__ import annotations
 
 from workbench.control.watch import RecordedRun
 from workbench.door.values import MemoryUsage
+from workbench.widgets.tui.checkpoints import CheckpointsScreen
 from workbench.widgets.tui.dialogs import QuitDialog
+from workbench.widgets.tui.help import HELP_TEXT, WATCH_HELP_TEXT, HelpScreen
 from workbench.widgets.tui.inspect import InspectScreen, memory_line
 from workbench.widgets.tui.panels import MemoryPanel
 from workbench.widgets.view import GRADS_FREED, memory_rows
@@ -40,8 +43,8 @@ def test_the_quit_dialog_shows_the_step_the_run_is_at_now(tmp_path):
     assert session.stop_reason == "dashboard"  # who stopped it, for the end record and every front-end
 
 
-def _recorded(out) -> RecordedRun:
-    trainer = make_trainer(out, max_steps=6, logging_steps=2, save_strategy="steps", save_steps=6,
+def _recorded(out, save_steps: int = 6) -> RecordedRun:
+    trainer = make_trainer(out, max_steps=6, logging_steps=2, save_strategy="steps", save_steps=save_steps,
                            report_to=["jsonl"])
     trainer.train()
     return RecordedRun(out)
@@ -70,6 +73,50 @@ def test_watch_offers_no_steering_key_and_does_not_wait_for_a_memory_reading(tmp
     assert seen["memory"] == "no reading (the run has ended)"
     assert "read-only (workbench watch)" in seen["log"]
     assert "refused" not in seen["log after keys"] and "failed" not in seen["log after keys"]
+
+
+def test_watch_offers_no_checkpoint_action_and_its_help_lists_no_steering_key(tmp_path):
+    """In workbench watch, the checkpoint browser is a catalog: resume from, branch and delete
+    are neither in its key bar nor run by their keys; the help lists only the keys watch has."""
+    run = _recorded(tmp_path / "run", save_steps=3)  # checkpoint-3 (deletable in a steered run) and -6
+    seen: dict = {}
+
+    async def scenario(app, pilot):
+        await wait_for(pilot, lambda: app.dashboard.query_one("#summary").display, "the summary")
+        await press(pilot, "c")
+        await wait_for(pilot, lambda: isinstance(app.screen, CheckpointsScreen), "the checkpoint browser")
+        screen = app.screen
+        await pilot.pause(0.2)
+        seen["footer"] = {str(key.description) for key in screen.query("FooterKey")}
+        seen["title"] = str(screen.query_one("#ckpt-table").border_title)
+        await press(pilot, "up")  # checkpoint-3: neither the newest nor protected
+        await press(pilot, "r", "b", "d", "delete", "enter")  # each would open a dialog or a form
+        await pilot.pause(0.3)
+        seen["screen after keys"] = app.screen
+        seen["selected"] = screen.selected.name
+        await press(pilot, "escape", "question_mark")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "the help")
+        seen["help"] = str(app.screen.query_one("#help-text").content)
+        await press(pilot, "escape", "q")
+        await wait_for(pilot, lambda: app.return_value is not None, "the app to exit")
+
+    app = drive(run, scenario, attached=True, read_only=True)
+    assert app.return_value == "finished"
+    assert {"back", "help"} <= seen["footer"], seen["footer"]
+    assert not seen["footer"] & {"resume from", "branch", "delete"}, seen["footer"]
+    assert seen["title"] == "checkpoints (read-only)"
+    assert seen["selected"] == "checkpoint-3" and isinstance(seen["screen after keys"], CheckpointsScreen)
+    assert [row.name for row in run.checkpoints] == ["checkpoint-3", "checkpoint-6"]  # nothing deleted
+    help_text = seen["help"]
+    assert help_text == WATCH_HELP_TEXT
+    for steering in ("pause", "save a checkpoint", "evaluate now", "edit hyperparameters", "inspect", "fork",
+                     "resume this run", "branch", "delete it", "stop and save"):
+        assert steering not in help_text, steering
+    for key in ("c ", "y ", "m ", "q / ctrl+c", "home / end", "escape"):
+        assert f"\n  {key}" in help_text, key
+    assert "workbench attach OUTDIR or workbench ctl OUTDIR COMMAND" in help_text
+    # A dashboard that steers lists every key, the checkpoint actions included (one table, two texts).
+    assert "\n  r / enter   resume this run" in HELP_TEXT and "\n  space / p" in HELP_TEXT
 
 
 def test_inspect_and_memory_say_the_gradients_are_freed_between_steps(tmp_path):

@@ -322,9 +322,9 @@ class DashboardApp(App[str]):
             self.push_screen(AutopilotScreen(self.autopilot))
 
     def action_help(self) -> None:
-        """Show the key reference."""
+        """Show the key reference (a watched run's lists no steering key)."""
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+            self.push_screen(HelpScreen(read_only=self.read_only))
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """A read-only dashboard (``workbench watch``) neither offers nor runs the steering keys."""

@@ -1,5 +1,6 @@
 """The checkpoints screen: the catalog as a table, details of the selected one, and actions
-(resume from it, branch from it, delete it)."""
+(resume from it, branch from it, delete it). Under ``workbench watch`` (a read-only
+dashboard) it is a catalog only: the actions are neither offered nor run."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ from .details import checkpoint_details, key_metrics
 from .dialogs import ConfirmDialog
 from .forms import BranchForm
 
-__all__ = ["CheckpointsScreen"]
+__all__ = ["CheckpointsScreen", "CHECKPOINT_ACTIONS"]
+
+# The screen's actions that change the run or its folder: a read-only dashboard hides them.
+CHECKPOINT_ACTIONS = frozenset({"resume", "branch", "delete"})
 
 
 class CatalogTable(DataTable):
@@ -54,8 +58,18 @@ class CheckpointsScreen(Screen):
             yield Static("", id="ckpt-detail")
         yield Footer(compact=True)
 
+    @property
+    def read_only(self) -> bool:
+        """Whether the dashboard only watches the run (``workbench watch``)."""
+        return bool(getattr(self.app, "read_only", False))
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """A watched run's catalog offers no action on it: the footer hides them and their
+        keys do nothing (steering is for workbench attach and workbench ctl)."""
+        return not (self.read_only and action in CHECKPOINT_ACTIONS)
+
     def on_mount(self) -> None:
-        self.query_one("#ckpt-table").border_title = "checkpoints"
+        self.query_one("#ckpt-table").border_title = "checkpoints (read-only)" if self.read_only else "checkpoints"
         self.query_one("#ckpt-detail-box").border_title = "details"
         self.reload()
         self.query_one(DataTable).focus()
@@ -93,7 +107,8 @@ class CheckpointsScreen(Screen):
                       Text("yes", style="green") if info.complete else Text("no", style="red")]
             table.add_row(*cells, key=info.name)
         if not self.rows:
-            self.query_one("#ckpt-detail", Static).update("No checkpoints yet: press escape, then s to save one.")
+            self.query_one("#ckpt-detail", Static).update(
+                "No checkpoints." if self.read_only else "No checkpoints yet: press escape, then s to save one.")
             return
         names = [r.name for r in self.rows]
         table.move_cursor(row=names.index(previous) if previous in names else len(names) - 1)
@@ -119,7 +134,8 @@ class CheckpointsScreen(Screen):
         self.show_details()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        self.action_resume()
+        if not self.read_only:  # enter is "resume from" only where the run can be steered
+            self.action_resume()
 
     # -- actions -------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 from textual.worker import Worker, WorkerState
 
+from workbench.door.callers import calling_as
 from workbench.door.protocol import MemoryUsage, Status
 from workbench.widgets.view import GRADS_FREED, fmt_bytes, fmt_lr, fmt_number
 
@@ -120,7 +121,9 @@ class InspectScreen(Screen):
 
     @work(thread=True, exclusive=True, group="sample", exit_on_error=False)
     def _sample(self, prompt: str) -> str:
-        return self.app.session.sample(prompt, max_new_tokens=80)
+        # A refusal (the run was resumed meanwhile) names the dashboard's key, not a Python call.
+        with calling_as("dashboard"):
+            return self.app.session.sample(prompt, max_new_tokens=80)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker

@@ -143,8 +143,13 @@ def train_run(ns: argparse.Namespace, run, trainer, resume: object) -> int:
                 session.run()
             else:
                 trainer.train(resume_from_checkpoint=resume)
-    except KeyboardInterrupt:
-        print("\nworkbench: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # a second Ctrl-C: the save the first one asked for was not waited for
+        from workbench.door.endings import describe_end
+
+        ended = current()
+        where = str(ended.args.output_dir)
+        print(f"\nworkbench: {describe_end('stopped', 'SIGINT', ended.state.global_step, False, where)}",
+              file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:
         from workbench.control.failure_report import report_failure
@@ -159,14 +164,13 @@ def train_run(ns: argparse.Namespace, run, trainer, resume: object) -> int:
     step = trainer.state.global_step
     reason = trainer.stop_decision.reason  # with several ranks: whichever rank was signalled
     say = print if main_rank else (lambda *a, **k: None)
-    from workbench.door.endings import describe_end, stopped_by
+    from workbench.door.endings import describe_end, describe_guard_stop
 
     if reason in (None, "guard") and step < trainer.state.max_steps and stopped_by_guard(trainer):
         count = len(trainer.workbench_state.guard["interventions"])
         stuck = (trainer.workbench_state.guard.get("progress") or {}).get("escalated")
-        why = f"no progress: {stuck}; " if stuck else ""
-        say(f"workbench: {stopped_by('guard')} at step {step} after {count} interventions ({why}guard events in "
-            f"{output_dir / 'events.jsonl'}); checkpoint saved in {output_dir}", file=sys.stderr)
+        say(f"workbench: {describe_guard_stop(step, count, stuck, str(output_dir / 'events.jsonl'), str(output_dir))}",
+            file=sys.stderr)
     elif reason:  # a signal, workbench ctl, a script: the words every front-end uses (door/endings.py)
         say(f"workbench: {describe_end('stopped', reason, step, bool(request.save), where=str(output_dir))}",
             file=sys.stderr)
@@ -260,11 +264,12 @@ def run_dashboard_run(ns: argparse.Namespace, trainer, resume: object, output_di
             return report_failure(run.error, output_dir)
         print(f"workbench: training failed{recorded_in(output_dir)}", file=sys.stderr)
         return EXIT_FAILED
-    from workbench.door.endings import describe_end
+    from workbench.door.endings import describe_dashboard_failure, describe_end
 
     reason = run.stop_reason
-    if outcome == "crashed":
-        print(f"workbench: the dashboard failed; the run was stopped at step {step} and saved in {output_dir}",
+    if outcome == "crashed":  # run_dashboard stopped a live run with a checkpoint; one that had ended is said so
+        saved = run.trainer.stop_decision.save is not False if reason else None
+        print(f"workbench: {describe_dashboard_failure(str(run.status), reason, step, saved, str(output_dir))}",
               file=sys.stderr)
     elif outcome == "hangup":
         print(f"workbench: {describe_end('stopped', 'SIGHUP', step, True, str(output_dir))}", file=sys.stderr)

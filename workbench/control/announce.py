@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from workbench.door.endings import CLIENTS
+from workbench.door.endings import CLIENTS, describe_end
 from workbench.door.values import Status
 
 __all__ = ["announcement", "tell_when_paused", "client_words"]
@@ -63,7 +63,8 @@ def announcement(cmd: str, args: Mapping[str, Any], result: Any, who: str | None
         if action == "delete":
             return f"deleted {name} {by}"
         if action == "resume_from":
-            return f"restarting from {Path(str(name)).name} {by} (stopped at step {step}, not saved)"
+            # The run it replaces ended unsaved: said in the words of every ending (door/endings.py).
+            return f"restarting from {Path(str(name)).name} {by} ({describe_end('stopped', None, step, False)})"
         if action == "branch":
             return f"branching from {Path(str(name)).name} into {done.get('output_dir') or args.get('output_dir')} {by}"
     return None

@@ -41,6 +41,7 @@ from workbench.control.reactor import (
 from workbench.control.replies import PAGE_BYTES, ReplyCache, map_json, ok_line, page
 from workbench.control.requests import check_request
 from workbench.control.series_delta import SeriesVersions
+from workbench.door.callers import calling_as
 from workbench.door.values import LOOP_HELD
 from workbench.door.protocol import SessionLike
 from workbench.door.values import ENDED
@@ -238,8 +239,11 @@ class ControlServer:
 
     def _steered(self, cmd: str, args: dict, work: Callable[[dict], Any]) -> Any:
         """Run a worker command; a steering one (pause, resume, stop, save, evaluate, set, a
-        checkpoint action) is then told on the run's own console, when it has one (announce.py)."""
-        result = work(args)
+        checkpoint action) is then told on the run's own console, when it has one (announce.py).
+        It runs as its client (door/callers.py): a refusal says what that client can do
+        (``workbench ctl runs/x pause --wait``, not ``session.pause(wait=True)``)."""
+        with calling_as(args["client"]):
+            result = work(args)
         announce = self.announce
         if announce is None or cmd not in _TOLD:
             return result

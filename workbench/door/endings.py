@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["CLIENTS", "STOPPED_BY", "stopped_by", "describe_end", "describe_end_record"]
+__all__ = ["CLIENTS", "STOPPED_BY", "stopped_by", "describe_end", "describe_end_record", "describe_guard_stop",
+           "describe_dashboard_failure"]
 
 # The clients of a run's control endpoint, by the name each gives in its hello: the run's
 # own console says what each did ("paused from workbench ctl at step 40"), and a stop from
@@ -51,7 +52,7 @@ def stopped_by(reason: str | None) -> str:
 
 
 def describe_end(status: str | None, stop_reason: str | None = None, step: int | str | None = None,
-                 saved: bool | None = True, where: str | None = None) -> str:
+                 saved: bool | None = True, where: str | None = None, detail: str | None = None) -> str:
     """One line on how a run ended: ``finished at step 300``, ``stopped from workbench ctl at
     step 40, checkpoint saved``, ``stopped from the dashboard at step 12, not saved``,
     ``failed at step 3``. With ``where`` (an output_dir): ``...; checkpoint saved in runs/x``,
@@ -59,8 +60,9 @@ def describe_end(status: str | None, stop_reason: str | None = None, step: int |
 
     ``status`` is the recorded one (finished, stopped, failed); a run that stopped before
     its last step with no reason recorded (an early-stopping callback) is "stopped".
-    ``saved`` None: whether the stop saved is not known, and not said."""
-    at = f" at step {step}" if step is not None else ""
+    ``saved`` None: whether the stop saved is not known, and not said. ``detail``: what is
+    known of why, said right after the step (the guard's interventions)."""
+    at = (f" at step {step}" if step is not None else "") + (f" {detail}" if detail else "")
     status = str(status or "ended")
     if status == "failed":
         return f"failed{at}" + (f"; see {where}" if where else "")
@@ -83,3 +85,23 @@ def describe_end_record(record: Mapping[str, Any], where: str | None = None) -> 
     text = describe_end(status, record.get("stop_reason"), record.get("step"), record.get("saved", True), where)
     code = record.get("exit_code")
     return text + (f" (exit code {code})" if code is not None else "")
+
+
+def describe_guard_stop(step: int, interventions: int, stuck: str | None = None, events: str | None = None,
+                        where: str | None = None) -> str:
+    """How a run the guard stopped ended, with what a person needs to see why: ``stopped by
+    the guard at step 40 after 3 interventions (no progress: ...; guard events in
+    runs/x/events.jsonl); checkpoint saved in runs/x``. The guard always stops with a
+    checkpoint (a headless run cannot wait for someone to resume its pause)."""
+    why = "; ".join(part for part in (f"no progress: {stuck}" if stuck else None,
+                                      f"guard events in {events}" if events else None) if part)
+    detail = f"after {interventions} interventions" + (f" ({why})" if why else "")
+    return describe_end("stopped", "guard", step, True, where, detail=detail)
+
+
+def describe_dashboard_failure(status: str | None, stop_reason: str | None, step: int | str | None,
+                               saved: bool | None, where: str | None = None) -> str:
+    """The CLI's line when the dashboard itself failed and the run was ended under it (or had
+    ended already): ``the dashboard failed; the run stopped from the dashboard at step 12;
+    checkpoint saved in runs/x``. The run's own end is said in describe_end's words."""
+    return f"the dashboard failed; the run {describe_end(status, stop_reason, step, saved, where)}"

@@ -20,6 +20,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from workbench.door.callers import for_caller
 from workbench.door.values import LOOP_HELD
 
 __all__ = ["reading_the_model"]
@@ -40,7 +41,10 @@ def reading_the_model(session: "Session", what: str, live_ok: bool) -> Iterator[
                 return
             status = session._status
     if not live_ok:
-        raise RuntimeError(f"{what}: the run is {status}; pause it first (session.pause(wait=True), "
-                           f"workbench ctl OUTDIR pause --wait, or p in the dashboard): {what} reads the model "
+        # Said the way the caller can act: Python, or a person at a dashboard or a command line
+        # (an attached dashboard's inspect screen reaches this through the control server).
+        out = session.trainer.args.output_dir
+        how = for_caller("session.pause(wait=True)", f"p in the dashboard, or workbench ctl {out} pause --wait")
+        raise RuntimeError(f"{what}: the run is {status}; pause it first ({how}): {what} reads the model "
                            "between steps only")
     yield
