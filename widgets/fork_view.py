@@ -8,12 +8,13 @@ tested without a terminal or a browser.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from workbench.widgets.view import Point, fmt_number
 
 __all__ = ["FORK_HINT", "parse_variants", "change_text", "fork_metrics", "fork_rows", "fork_series",
-           "fork_summary", "fork_state"]
+           "fork_eval_metric", "fork_eval_series", "fork_cost_text", "fork_summary", "fork_state"]
 
 FORK_HINT = ("one variant a line, NAME: KEY=VALUE, ... (nothing after the colon: the run unchanged), e.g.\n"
              "a:\nb: learning_rate=1e-3\nc: schedule=decay_now steps=50 shape=cosine")
@@ -85,6 +86,52 @@ def fork_series(report: dict[str, Any], parent_loss: list[Point], history: int =
         start = [(step, parent[-1][1])] if parent else []
         series[name] = start + points if points else []
     return series
+
+
+def fork_eval_metric(report: dict[str, Any]) -> str | None:
+    """The evaluation loss the chart draws: ``eval_loss``, else the first ``*_loss`` metric (a
+    named eval set's); None without one. Only a loss: it shares the train loss's y axis."""
+    metrics = fork_metrics(report) + sorted(report.get("parent", {}).get("eval", {}))
+    if "eval_loss" in metrics:
+        return "eval_loss"
+    return next((m for m in metrics if m.endswith("_loss")), None)
+
+
+def fork_eval_series(report: dict[str, Any], parent_evals: Mapping[str, Sequence[Point]],
+                     history: int = 50) -> dict[str, list[Point]]:
+    """The evaluations on the train loss's step axis: "parent" is the run's evaluation curve up
+    to the pause (``parent_evals[metric]``, the snapshot's series, from where fork_series
+    starts the parent's train loss) ending in the fork's own evaluation of the paused state;
+    each variant's is its evaluation after its steps (one point). Empty when the fork
+    evaluated no loss."""
+    metric = fork_eval_metric(report)
+    if metric is None:
+        return {}
+    step = report["step"]
+    # From where fork_series starts the parent's train loss (one window for both), or from the
+    # start when that window holds the whole run (an evaluation on start, at step 0, included).
+    losses = [s for s, _ in parent_evals.get("loss", ()) if s <= step]
+    start = losses[-history] if len(losses) > history else 0
+    parent = [(int(s), float(x)) for s, x in parent_evals.get(metric, ()) if start <= s < step]
+    at_pause = report.get("parent", {}).get("eval", {}).get(metric)
+    if at_pause is not None:  # (an evaluation logged at the pause step measured the same weights)
+        parent.append((step, float(at_pause)))
+    series: dict[str, list[Point]] = {"parent": parent}
+    for name, v in report.get("variants", {}).items():
+        value = v["eval"].get(metric)
+        series[name] = [(int(v["end_step"]), float(value))] if value is not None else []
+    return series
+
+
+def fork_cost_text(cost: dict[str, Any]) -> str:
+    """What a fork would hold, from ``fork_cost`` before it starts: the total, the copies it
+    is made of, and the limit it is checked against (the figure a refusal gives too)."""
+    mib = 2**20
+    text = (f"{cost['bytes'] / mib:.1f} MiB of host memory for {cost['variants']} variants "
+            f"({cost['variants'] + 1} copies of weights and optimizer state, {cost['bytes_each'] / mib:.1f} MiB each)")
+    if cost.get("limit") is not None:
+        text += f"; the limit is {cost['limit'] / mib:.1f} MiB"
+    return text
 
 
 def fork_state(report: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ import pytest
 from support.processes import start_workbench
 
 from workbench.control.client import attach
+from workbench.core.event_file import read_events
 
 pytestmark = pytest.mark.slow
 
@@ -115,6 +116,9 @@ def test_two_ranks_fork_keep_a_variant_and_stay_replicas(tmp_path):
     assert rank0 == rank1 and rank0.startswith("200 ")  # the replicas never drifted apart
     state = json.loads((tmp_path / "out" / "checkpoint-200" / "workbench_state.json").read_text())
     assert any(e.get("learning_rate") == 0.05 and "kept b" in e["reason"] for e in state["live_edits"])
+    # The kept steps were logged by every rank at the logging points among them: no gap.
+    logged = [e["step"] for e in read_events(tmp_path / "out") if e["event"] == "log" and "loss" in e]
+    assert logged == list(range(5, 201, 5))
 
 
 def test_two_ranks_fork_and_discard_continue_from_the_pause(tmp_path):

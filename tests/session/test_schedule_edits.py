@@ -255,3 +255,58 @@ def test_a_branch_from_a_checkpoint_after_the_change_carries_it(tmp_path, sessio
     assert branch.trainer.state.global_step == AT + 10
     assert [e["schedule"]["op"] for e in branch.trainer.workbench_state.live_edits] == ["decay_now"]
     assert_same_weights(whole.model, branch.model)
+
+
+def test_decay_now_to_min_lr_ends_at_the_schedules_floor_not_at_zero(tmp_path, sessions):
+    """A schedule whose floor is not 0 (cosine_with_min_lr): to=min_lr cools down to that floor,
+    to=0 to zero; both start from the current rate."""
+    steps, floor = 12, 1e-3
+    ends = {}
+    for to in ("min_lr", 0.0):
+        session, rates = paused_run(tmp_path / f"run-{to}", sessions, lr_scheduler_type="cosine_with_min_lr",
+                                    lr_scheduler_kwargs={"min_lr": floor})
+        applied = session.decay_now(steps, to=to, shape="cosine")
+        assert applied["schedule"]["to_ratio"] == pytest.approx(floor / BASE if to == "min_lr" else 0.0, rel=1e-12)
+        session.resume()
+        assert finish(session) == "finished" and session.trainer.state.global_step == AT + steps
+        start = (1 - floor / BASE) * cosine(AT) + floor / BASE  # the run's own rate at the pause
+        end = floor / BASE if to == "min_lr" else 0.0
+        for step in range(AT + 1, AT + steps + 1):
+            expected = BASE * (end + (start - end) * weight("cosine", (step - 1 - AT) / steps))
+            assert rates.rates[step] == pytest.approx(expected, rel=1e-12, abs=1e-18), step
+        ends[to] = (session.trainer.lr_scheduler.get_last_lr()[0], rates.rates)
+    assert ends["min_lr"][0] == pytest.approx(floor, rel=1e-12)  # where the cooldown ends: the floor
+    assert ends[0.0][0] == 0.0
+    assert ends["min_lr"][1][AT + 1] == ends[0.0][1][AT + 1]  # the same first step: no jump either way
+    assert all(ends["min_lr"][1][s] > ends[0.0][1][s] for s in range(AT + 2, AT + steps + 1))
+
+
+@pytest.mark.parametrize("change,stop_at", [({"op": "extend", "max_steps": 90}, AT + 7),
+                                            ({"op": "rewarm", "steps": 8, "peak": 2e-2}, AT + 4),
+                                            ({"op": "rewarm", "steps": 8, "peak": 2e-2}, AT + 15)])
+def test_a_resume_after_extend_or_mid_rewarm_continues_bitwise(tmp_path, sessions, change, stop_at):
+    """Stopped with a checkpoint after the change (mid-warmup and in the decay after a rewarm)
+    and resumed: the same weights, optimizer state and rates as the run never stopped."""
+    common = dict(save_strategy="steps", save_steps=1000)
+
+    def changed(out, *extra) -> tuple[Session, Rates]:
+        session, rates = paused_run(out, sessions, extra=extra, **common)
+        session.set(schedule=change, reason="reshape")
+        session.resume()
+        return session, rates
+
+    whole, whole_rates = changed(tmp_path / "a")
+    assert finish(whole) == "finished"
+    stopped, _ = changed(tmp_path / "b", StopSessionAt(stop_at))
+    assert finish(stopped) == "stopped" and stopped.trainer.state.global_step == stop_at
+    rates = Rates()
+    resumed_trainer = make_trainer(tmp_path / "b", callbacks=[rates], max_steps=TOTAL, lr_scheduler_type="cosine",
+                                   warmup_steps=WARMUP, logging_steps=1, **common)
+    rates.trainer = resumed_trainer
+    resumed = Session(resumed_trainer, resume_from_checkpoint=True)
+    sessions.append(resumed)
+    assert finish(resumed.start()) == "finished"
+    assert resumed_trainer.state.global_step == whole.trainer.state.global_step == change.get("max_steps", TOTAL)
+    assert rates.rates == {s: r for s, r in whole_rates.rates.items() if s > stop_at}  # bitwise, every step
+    assert_same_weights(whole.model, resumed.model)
+    assert_same_optimizer_state(whole.trainer, resumed_trainer)

@@ -75,13 +75,27 @@ def test_the_fork_tab_forks_draws_the_variants_and_keeps_one(paneled):
     tab.fork_button.click()
     assert 'data-level="error"' in panel.notice.value and "variant b: learning_rate" in panel.notice.value
     tab.variants.value = "a:\nb: learning_rate=5e-2\nc: schedule=decay_now steps=6"
-    tab.fork_button.click()
+    # The memory figure is on screen before the fork starts (the kernel then waits for it).
+    cost, fork, shown = session.fork_cost(parse_variants(tab.variants.value), 6), session.fork, []
+    session.fork = lambda *a, **k: (shown.append(tab.memory.value), fork(*a, **k))[1]
+    try:
+        tab.fork_button.click()
+    finally:
+        del session.fork
+    assert len(shown) == 1 and "forking 3 variants x 6 steps" in shown[0], shown
+    assert f"{cost['bytes'] / 2**20:.1f} MiB of host memory for 3 variants (4 copies" in shown[0]
     assert "3 variants trained 6 steps" in panel.notice.value, panel.notice.value
     assert "<b>b</b>" in tab.table.value and "same batches" in tab.table.value
     assert tab.table.value.count("<td>yes</td>") == 3
     drawn = tab.chart.points("variant1")
     assert drawn[0][0] == step and drawn[-1][0] == step + 6
     assert tab.chart.lines["variant1"].labels == ["b"] and tab.chart.points("parent")
+    # Each variant's evaluation is a dot after its steps, over the parent's evaluation at the pause.
+    report = session.snapshot().fork
+    assert tab.chart.points("parent_eval") == [(step, pytest.approx(report["parent"]["eval"]["eval_loss"]))]
+    for i, name in enumerate("abc"):
+        assert tab.chart.points(f"variant{i}_eval") == [(step + 6, pytest.approx(report["variants"][name]["eval"]["eval_loss"]))]
+    assert tab.chart.lines["variant1_eval"].labels == ["b eval"] and tab.chart.lines["variant1_eval"].marker
     assert list(tab.keep_select.options) == ["a", "b", "c"]
     tab.keep_select.value = "b"
     tab.keep_button.click()
@@ -89,3 +103,22 @@ def test_the_fork_tab_forks_draws_the_variants_and_keeps_one(paneled):
     assert session.snapshot().step == step + 6
     panel.refresh()
     assert "★" in tab.table.value and list(tab.keep_select.options) == []
+
+
+def test_the_fork_tab_refuses_a_fork_that_would_not_fit_with_the_figure(paneled, monkeypatch):
+    import workbench.session.fork_commands as fork_commands
+    import workbench.train.forking as forking
+
+    session, panel = paneled
+    wait_until(lambda: session.snapshot().step >= 3, "the run to start")
+    session.pause(wait=True, timeout=DEADLINE)
+    monkeypatch.setattr(forking, "host_available", lambda: 2**30)
+    monkeypatch.setattr(fork_commands, "_HOST_SHARE", 1e-9)  # a limit of one byte
+    tab = panel.forks
+    tab.variants.value = "a:\nb: learning_rate=5e-2"
+    tab.steps.value = 4
+    tab.fork_button.click()
+    assert 'data-level="error"' in panel.notice.value and "would not fit" in panel.notice.value
+    assert "3 copies of weights and optimizer state" in panel.notice.value and "the limit is 0.0 MiB" in panel.notice.value
+    assert "would not fit" in tab.memory.value and "MiB of host memory for 2 variants" in tab.memory.value
+    assert session.snapshot().fork is None and session.snapshot().step >= 3  # nothing forked

@@ -84,9 +84,14 @@ def test_the_fork_screen_forks_from_the_pause_draws_the_variants_and_keeps_one(t
         assert "same batches" in [str(c.label) for c in table.columns.values()]
         assert [str(table.get_row_at(i)[-1]) for i in (1, 2)] == ["yes", "yes"]
         chart = screen.query_one(ForkChart)
-        assert set(chart.plotted) == {"parent", "a", "b"}
+        assert set(chart.plotted) == {"parent", "a", "b", "eval parent", "eval a", "eval b"}
         assert chart.plotted["a"][0][0] == step and chart.plotted["b"][-1][0] == step + 4  # over the parent's axis
         assert chart.plotted["a"] != chart.plotted["b"]
+        # The evaluations: the parent's at the pause, each variant's after its steps, as dots.
+        report = screen.report
+        logged = [p for p in session.snapshot().series["eval_loss"] if p[0] < step]  # the evaluation on start
+        assert logged and chart.plotted["eval parent"] == [*logged, (step, report["parent"]["eval"]["eval_loss"])]
+        assert chart.plotted["eval b"] == [(step + 4, report["variants"]["b"]["eval"]["eval_loss"])]
         assert session.snapshot().step == step  # back at the pause
         table.move_cursor(row=2)
         table.focus()

@@ -9,7 +9,8 @@ its one-line refusal is the panel's notice.
 
 Fork: type variants (``b: learning_rate=1e-3``, one a line), Fork (the memory it holds is
 checked first and reported), and read each variant's train loss drawn from the pause over the
-parent's, with a table of the final numbers; then Keep one or Discard.
+parent's and its evaluation as a dot over the parent's evaluations, with a table of the final
+numbers; then Keep one or Discard.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import html
 
 import ipywidgets as w
 
-from workbench.widgets.fork_view import (FORK_HINT, fork_metrics, fork_rows, fork_series, fork_summary,
-                                         parse_variants)
+from workbench.widgets.fork_view import (FORK_HINT, fork_cost_text, fork_eval_series, fork_metrics, fork_rows,
+                                         fork_series, fork_summary, parse_variants)
 
 # The tabs are given the Panel that holds them (typed Any: panel.py imports this module).
 Panel = Any
@@ -135,18 +136,26 @@ class ForkTab:
         self.keep_select = w.Dropdown(options=[], description="keep", layout=w.Layout(width="200px"))
         self.keep_button = _button("Keep", "check", "Continue the run from the selected variant's state")
         self.discard_button = _button("Discard", "times", "Continue from the pause point unchanged")
+        # What the fork would hold, said before it starts (the kernel then waits while it trains).
+        self.memory = w.HTML("<small>memory: checked and shown here when you press Fork</small>")
         self.table = w.HTML(fork_table_html(None))
-        traces = [Trace("parent", "parent", "#1f77b4")]
+        traces = [Trace("parent", "parent", "#1f77b4"), Trace("parent_eval", "parent eval", "#ff7f0e", marker="circle")]
         traces += [Trace(f"variant{i}", f"variant {i + 1}", color) for i, color in enumerate(FORK_COLORS[:6])]
-        self.chart = LiveChart("Fork: train loss from the pause", traces, left_label="loss", width="98%",
-                               height="260px")
+        # Each variant's evaluation: a dot in its curve's colour (out of the legend: its curve names it).
+        traces += [Trace(f"variant{i}_eval", f"variant {i + 1} eval", color, marker="circle")
+                   for i, color in enumerate(FORK_COLORS[:6])]
+        self.chart = LiveChart("Fork: train loss from the pause, evaluations as dots", traces, left_label="loss",
+                               width="98%", height="260px")
+        for i in range(6):
+            self.chart.lines[f"variant{i}_eval"].display_legend = False
         self._drawn: Any = None
         self.box = w.VBox([w.HBox([self.variants, w.VBox([self.steps, self.fork_button])],
                                   layout=w.Layout(flex_flow="row wrap", align_items="flex-start")),
+                           self.memory,
                            w.HBox([self.keep_select, self.keep_button, self.discard_button],
                                   layout=w.Layout(flex_flow="row wrap", align_items="center")),
                            self.table, self.chart.figure])
-        self.widgets: list[w.Widget] = [self.variants, self.steps, self.fork_button, self.keep_select,
+        self.widgets: list[w.Widget] = [self.variants, self.steps, self.fork_button, self.memory, self.keep_select,
                                         self.keep_button, self.discard_button, self.table, *self.box.children,
                                         self.box]
         self.fork_button.on_click(panel._guard(self.on_fork))
@@ -154,9 +163,17 @@ class ForkTab:
         self.discard_button.on_click(panel._guard(self.on_discard))
 
     def on_fork(self) -> None:
-        """Check the memory, then fork (the kernel waits while the variants train)."""
+        """Check the memory and show the figure, then fork (the kernel waits while the variants
+        train); a fork that would not fit is refused here with the figure, nothing trained."""
         session, variants, steps = self.panel.session, parse_variants(self.variants.value), int(self.steps.value)
         cost = session.fork_cost(variants, steps)
+        # Set directly, not through a notice: the panel's refresh waits for this handler, and
+        # the figure belongs on screen while the variants train.
+        self.memory.value = html.escape(f"memory: {fork_cost_text(cost)}") + (
+            "" if cost["fits"] else " <b>(would not fit)</b>")
+        if not cost["fits"]:
+            raise RuntimeError(f"fork: refused, it would not fit: {fork_cost_text(cost)}")
+        self.memory.value = f"<b>forking {len(variants)} variants x {steps} steps</b>: " + self.memory.value
         report = session.fork(variants, steps)
         self.panel._set_notice("good", f"fork {report['id']}: {len(report['variants'])} variants trained {steps} "
                                f"steps ({cost['bytes'] / 2**20:.1f} MiB held); keep one or discard")
@@ -180,13 +197,19 @@ class ForkTab:
             return
         self._drawn = key
         self.table.value = fork_table_html(report)
+        if report.get("memory"):  # (a fork made by a script or a remote client shows its figure too)
+            self.memory.value = html.escape(f"memory: {fork_cost_text(report['memory'])}")
         names = list(report.get("variants", {}))
         self.keep_select.options = names if report.get("state") == "done" else []
-        curves = fork_series(report, list(self.panel.session.snapshot().series.get("loss", ())))
-        series: dict[str, Any] = {"parent": curves["parent"]}
+        snapshot_series = self.panel.session.snapshot().series
+        curves = fork_series(report, list(snapshot_series.get("loss", ())))
+        evals = fork_eval_series(report, snapshot_series)
+        series: dict[str, Any] = {"parent": curves["parent"], "parent_eval": evals.get("parent", [])}
         for i, name in enumerate(names[:6]):
             series[f"variant{i}"] = curves[name]
+            series[f"variant{i}_eval"] = evals.get(name, [])
             self.chart.lines[f"variant{i}"].labels = [name]
+            self.chart.lines[f"variant{i}_eval"].labels = [f"{name} eval"]
         self.chart.update(series, report["step"] + report["steps"])
-        start = series["parent"][0][0] if series["parent"] else report["step"]
+        start = min([report["step"]] + [points[0][0] for points in (series["parent"], series["parent_eval"]) if points])
         self.chart.x_scale.min = float(start)

@@ -4,7 +4,8 @@ Type the variants, one a line (``b: learning_rate=1e-3``; ``a:`` alone is the ru
 and the steps, press ctrl+f (or the Fork button): the memory the copies hold is checked and
 said first, then each variant trains from the pause on the same batches and is evaluated,
 one after another. The table has the final numbers (the parent at the pause first) and the
-chart each variant's train loss drawn from the pause over the parent's. Then ``k`` keeps the
+chart each variant's train loss drawn from the pause over the parent's, and each variant's
+evaluation as a dot over the parent's evaluations. Then ``k`` keeps the
 selected variant (the run continues from its state, recorded as a live edit) and ``d``
 discards the fork (the run continues from the pause, unchanged). The screen only calls the
 session's ``fork_cost``, ``fork``, ``keep`` and ``discard`` and shows ``Snapshot.fork``, so
@@ -23,7 +24,8 @@ from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Input, Static, TextArea
 
 from workbench.door.values import Status
-from workbench.widgets.fork_view import FORK_HINT, fork_metrics, fork_rows, fork_series, fork_summary, parse_variants
+from workbench.widgets.fork_view import (FORK_HINT, fork_eval_series, fork_metrics, fork_rows, fork_series,
+                                         fork_summary, parse_variants)
 
 from .charts import Chart
 
@@ -33,22 +35,36 @@ _COLORS = ("red", "cyan", "yellow", "magenta", "green", "white")
 
 
 class ForkChart(Chart):
-    """The parent's train loss up to the pause (blue) and each variant's from it."""
+    """The parent's train loss up to the pause (blue) and each variant's from it; the parent's
+    evaluations (orange dots, the last one the fork's own at the pause) and each variant's
+    evaluation after its steps (a dot in the variant's colour)."""
 
-    def show(self, series: dict[str, list[tuple[int, float]]]) -> None:
-        """Draw ``series`` (fork_view.fork_series: "parent" first, then one curve a variant)."""
-        key = (tuple((k, tuple(v)) for k, v in series.items()), self.size)
+    def show(self, series: dict[str, list[tuple[int, float]]],
+             evals: dict[str, list[tuple[int, float]]] | None = None) -> None:
+        """Draw ``series`` (fork_view.fork_series: "parent" first, then one curve a variant)
+        and ``evals`` (fork_view.fork_eval_series, the same names), kept in ``plotted`` as
+        ``"eval NAME"``."""
+        evals = evals or {}
+        key = (tuple((k, tuple(v)) for k, v in series.items()), tuple((k, tuple(v)) for k, v in evals.items()),
+               self.size)
         if key == self._key:
             return
         self._key = key
         self._begin()
         plt, drawn = self.plt, []
+        colors = {}
         for i, (name, points) in enumerate(series.items()):
+            colors[name] = "blue" if name == "parent" else _COLORS[(i - 1) % len(_COLORS)]
             if points:
-                color = "blue" if name == "parent" else _COLORS[(i - 1) % len(_COLORS)]
-                plt.plot([p[0] for p in points], [p[1] for p in points], marker="braille", color=color, label=name)
+                plt.plot([p[0] for p in points], [p[1] for p in points], marker="braille", color=colors[name],
+                         label=name)
                 drawn += points
-        self.plotted = dict(series)
+        for name, points in evals.items():
+            if points:  # dots, as the main screen draws evaluations: they are few and far apart
+                color = "orange" if name == "parent" else colors.get(name, "white")
+                plt.scatter([p[0] for p in points], [p[1] for p in points], marker="●", color=color)
+                drawn += points
+        self.plotted = {**series, **{f"eval {name}": list(points) for name, points in evals.items()}}
         self._x_axis(drawn)
         self.refresh()
 
@@ -165,5 +181,6 @@ class ForkScreen(Screen):
             table.move_cursor(row=1)
         if report.get("state") == "done":
             table.focus()  # k and d act on the table's selection
-        parent = list(self.app.session.snapshot().series.get("loss", ()))
-        self.query_one(ForkChart).show(fork_series(report, parent))
+        series = self.app.session.snapshot().series
+        self.query_one(ForkChart).show(fork_series(report, list(series.get("loss", ()))),
+                                       fork_eval_series(report, series))

@@ -14,19 +14,44 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from workbench.core.args import TrainingArguments
 from workbench.core.callbacks import TrainerCallback
 from workbench.core.records import is_timing_metric
-from workbench.core.state import ExportableState
+from workbench.core.state import ExportableState, TrainerControl, TrainerState
 
 # The warnings transformers' Trainer gives come out on its loggers' names, with its wording,
 # so the handlers and verbosity settings of HF users and tools apply to them as well.
 log = logging.getLogger("transformers.trainer_callback")
 
-__all__ = ["DefaultFlowCallback", "ProgressCallback", "PrinterCallback", "EarlyStoppingCallback", "print_line"]
+__all__ = ["DefaultFlowCallback", "ProgressCallback", "PrinterCallback", "EarlyStoppingCallback", "print_line",
+           "logs_at_step", "stop_at_last_step"]
 
 
 def _due(step: int, every: int) -> bool:
     return every > 0 and step % every == 0
+
+
+def logs_at_step(args: TrainingArguments, state: TrainerState, step: int) -> bool:
+    """Whether the end of optimizer step ``step`` is a logging point: the first step with
+    ``logging_first_step``, every ``logging_steps`` with the "steps" strategy. One copy of
+    the rule, because a kept fork's steps (train/forking.py), trained outside the loop, are
+    logged afterwards exactly where the loop would have logged them."""
+    return (step == 1 and bool(args.logging_first_step)) or (
+        args.logging_strategy == "steps" and _due(step, state.logging_steps))
+
+
+def stop_at_last_step(args: TrainingArguments, state: TrainerState, control: TrainerControl) -> TrainerControl:
+    """The flags of the run's last step (``global_step >= max_steps``), as HF sets them: stop;
+    evaluate (eval_delay permitting) and save with the "steps" strategies, whether or not the
+    step is due; it logs only if it is a logging step (the rest of the loss goes into
+    train_loss); "epoch" saves in on_epoch_end, right after. One copy of the rule, because a
+    kept fork that ends the run (train/forking.py) ends it as the loop's last step would."""
+    control.should_training_stop = True
+    if args.eval_strategy == "steps" and args.eval_delay <= state.global_step:
+        control.should_evaluate = True
+    if args.save_strategy == "steps":
+        control.should_save = True
+    return control
 
 
 class DefaultFlowCallback(TrainerCallback):
@@ -34,23 +59,14 @@ class DefaultFlowCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
-        if step == 1 and args.logging_first_step:
-            control.should_log = True
-        if args.logging_strategy == "steps" and _due(step, state.logging_steps):
+        if logs_at_step(args, state, step):
             control.should_log = True
         if args.eval_strategy == "steps" and _due(step, state.eval_steps) and args.eval_delay <= step:
             control.should_evaluate = True
         if args.save_strategy == "steps" and _due(step, state.save_steps):
             control.should_save = True
         if step >= state.max_steps:
-            control.should_training_stop = True
-            # HF's last step: evaluate unless this step already does (eval_delay permitting), and
-            # save with save_strategy "steps"; it logs only if it is a logging step (the rest
-            # of the loss goes into train_loss). "epoch" saves in on_epoch_end, right after.
-            if args.eval_strategy == "steps" and not _due(step, state.eval_steps) and args.eval_delay <= step:
-                control.should_evaluate = True
-            if args.save_strategy == "steps":
-                control.should_save = True
+            stop_at_last_step(args, state, control)
         return control
 
     def on_epoch_end(self, args, state, control, **kwargs):

@@ -15,9 +15,15 @@ a live edit can change besides (the schedule's multipliers, max_steps, the edit 
 The variants train outside the loop, with the loop's own pieces in the loop's order
 (``training_step`` per micro-batch, clipping, the optimizer and scheduler steps), but no
 callbacks, gates, logs, saves or guard: nothing of a variant reaches disk or the run's
-history. Their batches come from an iterator of their own over the run's loader, started at
-the run's position as a resumed run starts it (the order is a function of seed and epoch),
-so the paused loop's own iterator is left exactly where it was.
+history while it trains. Their batches come from an iterator of their own over the run's
+loader, started at the run's position as a resumed run starts it (the order is a function
+of seed and epoch), so the paused loop's own iterator is left exactly where it was.
+
+What the loop would have counted of each step (its micro-batch losses, gradient norm and
+rate, tokens and FLOP) is kept with the variant's end state (:class:`KeptStep`), so that
+``keep`` hands the kept variant's steps to the run's own loss log afterwards: they are logged
+where the loop would have logged them (log_history, the callbacks, events.jsonl, trackers),
+and ``total_flos`` and ``num_input_tokens_seen`` count them, as steps the run trained.
 """
 
 from __future__ import annotations
@@ -40,8 +46,23 @@ from workbench.train.loop import batch_size, next_micro_batches
 if TYPE_CHECKING:
     from workbench.core.run import Run
 
-__all__ = ["Boundary", "fork_memory", "host_available", "train_variant", "quiet_evaluate", "batch_digest",
-           "fork_variants", "keep_variant", "follow_fork"]
+__all__ = ["Boundary", "KeptStep", "fork_memory", "host_available", "train_variant", "quiet_evaluate",
+           "batch_digest", "fork_variants", "keep_variant", "log_kept_steps", "follow_fork"]
+
+
+@dataclass
+class KeptStep:
+    """What the loop would have counted of one of a variant's steps, held until the fork is
+    kept or dropped: device tensors, no host sync (the loop's own loss log reduces them at
+    its logging points)."""
+
+    step: int
+    epoch: float
+    losses: list[torch.Tensor]  # each micro-batch's loss, as the loop's LossLog adds them
+    grad_norm: Any  # what clipping returned (a tensor), None without clipping
+    learning_rate: float  # the rate the step used, read between the optimizer and schedule steps
+    flos: float
+    tokens: torch.Tensor | None  # counted by the loop's own rule; None when not counted
 
 
 @dataclass
@@ -57,6 +78,8 @@ class Boundary:
     # The run's LoopPosition object itself: the paused loop holds it (a local of its step), so
     # a restore writes into it rather than replacing it.
     holder: Any = None
+    # A variant's end: the steps that led here, for the run's loss log if it is kept.
+    steps: list[KeptStep] = dataclasses.field(default_factory=list)
 
     @classmethod
     def take(cls, run: "Run") -> "Boundary":
@@ -168,25 +191,44 @@ def _loader_kept(run: "Run", loop: Any) -> Any:
             generator.set_state(saved)
 
 
-def _optimizer_step(run: "Run", loop: Any) -> None:
-    """The loop's optimizer step, numerically: clip, step, schedule, zero the gradients."""
+def _optimizer_step(run: "Run", loop: Any) -> tuple[Any, float]:
+    """The loop's optimizer step, numerically: clip, step, schedule, zero the gradients.
+    Returns (the gradient norm, the rate the step used), which the loop would log."""
     from workbench.train.schedules import steps_per_update
 
     args, acc = run.args, run.accelerator
+    grad_norm = None
     if args.max_grad_norm > 0:
         if loop._clip_plain:
-            torch.nn.utils.clip_grad_norm_(loop._params, args.max_grad_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(loop._params, args.max_grad_norm)
         else:
-            acc.clip_grad_norm_(loop.model.parameters(), args.max_grad_norm)
+            grad_norm = acc.clip_grad_norm_(loop.model.parameters(), args.max_grad_norm)
     run.optimizer.step()
+    rate = run._get_learning_rate()  # before the schedule moves on, as the loop reads it
     if (loop._clip_plain or not acc.optimizer_step_was_skipped) and steps_per_update(run.lr_scheduler):
         run.lr_scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
+    return grad_norm, rate
+
+
+def _step_tokens(loop: Any, micro: list[Any], mode: str) -> torch.Tensor | None:
+    """The tokens the loop would count for a step's micro-batches, by the loop's own rule
+    (``_count_tokens``) into a counter of the variant's own: the loop's is left untouched."""
+    if mode == "no":
+        return None
+    own, loop._tokens = loop._tokens, torch.zeros_like(loop._tokens)
+    try:
+        for inputs in micro:
+            loop._count_tokens(inputs, mode)
+        return loop._tokens
+    finally:
+        loop._tokens = own
 
 
 def train_variant(run: "Run", steps: int) -> dict[str, Any]:
     """Train ``steps`` optimizer steps from the run's current boundary, outside the loop;
-    returns ``{"loss": [(step, loss)...], "batches": [digest per step], "seconds"}``."""
+    returns ``{"loss": [(step, loss)...], "batches": [digest per step], "seconds",
+    "steps": [KeptStep per step]}`` (the last for the run's loss log, should it be kept)."""
     loop = run.loop
     if loop is None:
         raise RuntimeError("fork: the run is not inside its loop (start it and pause it first)")
@@ -194,6 +236,8 @@ def train_variant(run: "Run", steps: int) -> dict[str, Any]:
     ga = args.gradient_accumulation_steps
     losses: list[tuple[int, float]] = []
     digests: list[str] = []
+    kept: list[KeptStep] = []
+    tokens_mode = args.include_num_input_tokens_seen
     began = time.perf_counter()
     with _loader_kept(run, loop):
         epoch, skip = position.normalized(loop.batches_per_epoch)
@@ -210,19 +254,25 @@ def train_variant(run: "Run", steps: int) -> dict[str, Any]:
             digests.append(batch_digest(micro))
             num_items = loop._count_items(micro)
             total = None
+            step_losses: list[torch.Tensor] = []
+            flos = 0.0
             for i, inputs in enumerate(micro):
                 last = i == len(micro) - 1
                 with contextlib.nullcontext() if last else run.accelerator.no_sync(loop.model):
                     loss = run.training_step(loop.model, inputs, num_items)
+                step_losses.append(loss)
+                flos += float(run.floating_point_ops(inputs))  # HF: per micro-batch, as the loop counts
                 total = loss if total is None else total + loss
                 position.samples += batch_size(inputs)
-            _optimizer_step(run, loop)
+            tokens = _step_tokens(loop, micro, tokens_mode)
+            grad_norm, rate = _optimizer_step(run, loop)
             state.global_step += 1
             position.batch += len(micro)
             position.update = state.global_step
             per_epoch = loop.batches_per_epoch
             state.epoch = position.epoch + (position.batch / per_epoch if per_epoch
                                             else state.global_step / max(state.max_steps, 1))
+            kept.append(KeptStep(state.global_step, state.epoch, step_losses, grad_norm, rate, flos, tokens))
             if total is not None and run.accelerator.num_processes > 1:  # the loss of every rank's batches
                 total = run.accelerator.reduce(total.detach(), reduction="mean")
             value = float(total) if total is not None else math.nan
@@ -230,7 +280,33 @@ def train_variant(run: "Run", steps: int) -> dict[str, Any]:
     ledger = getattr(run, "ledger", None)
     if ledger is not None and hasattr(ledger, "enter"):
         ledger.enter("paused")  # training_step marked its backward; the run is paused again
-    return {"loss": losses, "batches": digests, "seconds": time.perf_counter() - began}
+    _compact(kept)
+    return {"loss": losses, "batches": digests, "seconds": time.perf_counter() - began, "steps": kept}
+
+
+def _compact(kept: list[KeptStep]) -> None:
+    """Put the variant's many tiny per-step tensors (losses, gradient norms, token counts) in
+    one device block each, the steps holding views of it: a long fork of several variants
+    would otherwise hold thousands of small device allocations until keep or discard. The
+    values, and so what keep logs, are the same."""
+    def packed(tensors: list[Any]) -> list[Any] | None:
+        if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() == 0 for t in tensors):
+            return None
+        if len({(t.dtype, t.device) for t in tensors}) != 1:
+            return None
+        block = torch.stack(tensors)
+        return [block[i] for i in range(len(tensors))]
+
+    losses = packed([loss for step in kept for loss in step.losses])
+    if losses is not None:
+        at = 0
+        for step in kept:
+            step.losses, at = losses[at:at + len(step.losses)], at + len(step.losses)
+    for name in ("grad_norm", "tokens"):
+        values = packed([getattr(step, name) for step in kept])
+        if values is not None:
+            for step, value in zip(kept, values):
+                setattr(step, name, value)
 
 
 def quiet_evaluate(run: "Run") -> dict[str, float]:
@@ -259,9 +335,10 @@ def quiet_evaluate(run: "Run") -> dict[str, float]:
 
 
 def run_variant(run: "Run", name: str, changes: dict[str, Any], steps: int, evaluate: bool,
-                ident: int) -> dict[str, Any]:
+                ident: int) -> tuple[dict[str, Any], list[KeptStep]]:
     """One variant from the pause point: its edits (recorded in the run's state, kept only if
-    the variant is), its steps, its evaluation."""
+    the variant is), its steps, its evaluation. Returns its report entry (plain numbers) and
+    its steps as the loop would have counted them (for keep)."""
     from workbench.core.edits import apply_edit
 
     applied = {}
@@ -277,7 +354,7 @@ def run_variant(run: "Run", name: str, changes: dict[str, Any], steps: int, eval
     losses = trained["loss"]
     return {"changes": applied, "loss": losses, "eval": metrics, "batches": trained["batches"],
             "seconds": trained["seconds"], "final_loss": losses[-1][1] if losses else None,
-            "end_step": run.state.global_step}
+            "end_step": run.state.global_step}, trained["steps"]
 
 
 def fork_variants(run: "Run", report: dict[str, Any], variants: dict[str, dict[str, Any]], steps: int,
@@ -292,8 +369,9 @@ def fork_variants(run: "Run", report: dict[str, Any], variants: dict[str, dict[s
         if evaluate:
             report["parent"] = {"eval": quiet_evaluate(run)}
         for name, changes in variants.items():
-            report["variants"][name] = run_variant(run, name, changes, steps, evaluate, report["id"])
+            report["variants"][name], trained = run_variant(run, name, changes, steps, evaluate, report["id"])
             ends[name] = Boundary.take(run)
+            ends[name].steps = trained
             pause_point.restore(run)
             if after_each is not None:
                 after_each()
@@ -306,17 +384,53 @@ def fork_variants(run: "Run", report: dict[str, Any], variants: dict[str, dict[s
 def keep_variant(run: "Run", end: Boundary, why: str, kept: dict[str, Any]) -> list[dict[str, Any]]:
     """Continue the run from a variant's end state: its edit records get ``why`` as their
     reason and ``kept`` (the record naming the fork) follows them; the data goes on from where
-    the variant stopped. Returns the records added to the run's live edits."""
+    the variant stopped, and the variant's steps are logged and counted as the run's own
+    (:func:`log_kept_steps`). Returns the records added to the run's live edits."""
     before = len(run.workbench_state.live_edits)
     end.restore(run)
     loop = run.loop
     loop._restart = run.position.normalized(loop.batches_per_epoch)
-    loop.losses.restart_at(run.state.global_step)
+    log_kept_steps(run, end.steps)
+    if run.state.global_step >= run.state.max_steps:
+        # The variant trained the run's last step (e.g. a decay_now): the loop, which never saw
+        # that step end, stops at this boundary with the last step's evaluation and save
+        # rather than train past max_steps.
+        from workbench.train.callbacks import stop_at_last_step
+
+        stop_at_last_step(run.args, run.state, run.control)
     records = run.workbench_state.live_edits[before:]
     for record in records:  # the variant's change, at the pause step
         record["reason"] = why
     run.workbench_state.live_edits.append(dict(kept))
     return [*records, run.workbench_state.live_edits[-1]]
+
+
+def log_kept_steps(run: "Run", steps: list[KeptStep]) -> None:
+    """Hand a kept variant's steps to the run's loss log as the loop would have, step by step:
+    each micro-batch loss into the window (which still holds the losses since the last log
+    before the pause), the tokens and FLOP counted, and a log (``TrainingLoop.log_loss``:
+    log_history, on_log for callbacks, trackers and events.jsonl) at each logging point among
+    them. So the loss log has no gap and its records equal those of a run that had made the
+    variant's change at the pause. Every rank runs it at the same point (keep is followed by
+    every rank), so the logging points' collectives meet."""
+    from workbench.train.callbacks import logs_at_step
+
+    loop, state = run.loop, run.state
+    end_step, end_epoch = state.global_step, state.epoch
+    try:
+        for kept in steps:
+            state.global_step = kept.step - 1  # the window numbers each loss by the steps before it
+            for loss in kept.losses:
+                loop.losses.add(loss)
+            state.global_step, state.epoch = kept.step, kept.epoch
+            run.current_flos += kept.flos
+            if kept.tokens is not None:
+                loop._tokens += kept.tokens
+            loop.losses.grad_norm, loop.losses.learning_rate = kept.grad_norm, kept.learning_rate
+            if logs_at_step(run.args, state, kept.step):
+                loop.log_loss(loop.start_time, kept.learning_rate)
+    finally:
+        state.global_step, state.epoch = end_step, end_epoch
 
 
 def follow_fork(run: "Run", action: str, payload: dict[str, Any]) -> None:
