@@ -17,7 +17,7 @@ from typing import Any
 
 from workbench.door.endings import describe_end, describe_end_record
 from workbench.door.values import ENDED, Status, goodput_line
-from workbench.door.values import is_timing_metric
+from workbench.door.values import edit_changes, is_timing_metric
 
 __all__ = [
     "TERMINAL",
@@ -368,7 +368,7 @@ def describe_event(kind: str, step: int, data: dict[str, Any]) -> tuple[str, str
     if kind == "resumed":
         return "info", f"step {step}: resumed"
     if kind == "edited":
-        changes = " ".join(f"{k}={edit_text(k, v)}" for k, v in data.items() if k != "reason")
+        changes = " ".join(f"{k}={edit_text(k, v)}" for k, v in edit_changes(data).items())
         why = f" ({data['reason']})" if data.get("reason") else ""  # an agent's decision says why
         return "info", f"step {step}: set {changes}{why}"
     if kind == "started":
@@ -392,6 +392,10 @@ def describe_event(kind: str, step: int, data: dict[str, Any]) -> tuple[str, str
         where = "sends no heartbeat" if data.get("silent") else f"stuck in {data.get('phase')}"
         return "error", (f"hang: rank {data.get('rank')} {where} at step {data.get('stalled_step')} for "
                          f"{fmt_duration(data.get('seconds'))}; stacks in {data.get('folder')}")
+    if kind == "hang_cleared":
+        now = "its training ended" if data.get("phase_now") == "done" else f"now in {data.get('phase_now')}"
+        return "good", (f"hang over: rank {data.get('rank')} moved on from {data.get('phase')} at step "
+                        f"{data.get('stalled_step')} after {fmt_duration(data.get('seconds'))} ({now})")
     if kind == "straggler":
         return "warn", (f"step {step}: straggler: rank {data.get('rank')} takes {data.get('factor')}x the other "
                         "ranks' time for its own work")
@@ -457,6 +461,24 @@ def health_line(snapshot: Any) -> str:
     if stragglers:
         parts.append("straggler: " + ", ".join(f"rank {s['rank']} {s['factor']}x" for s in stragglers))
     return " · ".join(parts)
+
+
+def ranks_line(health: dict[str, Any] | None) -> str:
+    """Each rank's own work per step (data, forward, optimizer) and its factor over the other
+    ranks' median, from a snapshot's ``health["ranks"]``: "" with fewer than two ranks."""
+    ranks = (health or {}).get("ranks") or {}
+    if len(ranks) < 2:
+        return ""
+
+    def one(rank: str, r: dict[str, Any]) -> str:
+        work = r.get("work_per_step") or 0.0
+        factor = f"{r['factor']:.2f}x" if r.get("factor") is not None else "-"
+        ledger = r.get("ledger") or {}
+        good = f" goodput {ledger['compute'] / ledger['wall']:.0%}" if ledger.get("wall") else ""
+        return f"{rank} {work * 1000:.1f} ms {factor}{good}" if work else f"{rank} -"
+
+    return "work a step by rank (x the others' median): " + " · ".join(
+        one(rank, r) for rank, r in sorted(ranks.items(), key=lambda kv: int(kv[0])))
 
 
 def progress_line(snapshot: Any) -> str:

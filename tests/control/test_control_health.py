@@ -1,7 +1,7 @@
 """Run health over the protocol: an attached client's snapshot and ``ctl status`` carry the
 time ledger, and a hang the watchdog finds reaches an attached client as an event while the
-training thread is stuck; ``watch`` of the finished run reads the hang and the end record's
-ledger from events.jsonl."""
+training thread is stuck, and leaves the snapshot once the step moves on; ``watch`` of the
+finished run reads the hang and the end record's ledger from events.jsonl."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ def test_attach_and_ctl_status_carry_the_ledger_and_a_hang(tmp_path, sessions, c
     assert session.wait(timeout=DEADLINE) == Status.FINISHED
     wait_until(lambda: remote.snapshot().health and remote.snapshot().health["ledger"]["data"] >= 5.5,
                "the ledger over attach", DEADLINE)
+    assert remote.snapshot().health["hang"] is None  # the step moved on: the red HANG line is gone
     remote.close()
     session.close()
     recorded = open_watch(out)
@@ -49,3 +50,18 @@ def test_attach_and_ctl_status_carry_the_ledger_and_a_hang(tmp_path, sessions, c
     assert "hang" in kinds and kinds[-1] == "finished"
     health = recorded.snapshot().health  # watch of the finished run: the end record's ledger
     assert health["ledger"]["data"] >= 5.5 and health["throughput"]["train_samples_per_second"] > 0
+
+
+def test_watch_drops_a_hang_once_a_hang_cleared_record_follows_it(tmp_path):
+    from workbench.core.event_file import EventFile
+
+    events = EventFile(tmp_path)
+    events.write("start", 0, max_steps=10)
+    hang = {"rank": 1, "phase": "save", "stalled_step": 4, "seconds": 130.0, "silent": False, "folder": "hang-x"}
+    events.write("hang", 4, **hang)
+    assert open_watch(tmp_path).snapshot().health["hang"]["phase"] == "save"  # a run killed while it stood
+    events.write("hang_cleared", 4, rank=1, phase="save", stalled_step=4, at_step=4, phase_now="other", seconds=140.0,
+                 folder="hang-x")
+    recorded = open_watch(tmp_path)
+    assert "hang" not in (recorded.snapshot().health or {})
+    assert [e.kind for e in recorded.events_since(0)[0]] == ["started", "hang", "hang_cleared"]

@@ -1,12 +1,14 @@
 """Hangs and stragglers on real processes: ``workbench run`` on one process and on 2 CPU ranks
 (``--num-processes 2``), with a rank made to sleep in its data loader, one stuck before a
-collective, and one 3x slower. The hang is reported within ``hang_timeout`` + 10 s naming the
-right rank and phase, every rank's stacks are dumped, ``hang_action = "stop"`` exits 3, and
-``--resume`` continues; the straggler is named within 30 s."""
+collective, and one 3x slower. The hang is reported within ``hang_timeout`` + 10 s of the
+stall (by the stalled rank's own clock) naming the right rank and phase, every rank's stacks
+are dumped, ``hang_action = "stop"`` exits 3, and ``--resume`` continues; the straggler is named
+within 30 s, and ``ctl status`` shows each rank's work per step against the other's."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -69,6 +71,8 @@ def collate(rows):
 class StuckBeforeCollective(TrainerCallback):
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if MODE == "hang-collective" and RANK == 1 and state.global_step == 5:
+            with open("stalled-at", "w") as f:  # when the stall began, for the test to time the report
+                f.write(repr(time.time()))
             time.sleep(3600)
 """
 
@@ -127,19 +131,40 @@ def test_two_ranks_one_stuck_before_a_collective(tmp_path):
     # rank 1 stands before the optimizer step of step 6 (5 done); rank 0 waits in a collective
     assert hang["rank"] == 1 and hang["phase"] == "optimizer" and hang["stalled_step"] == 5
     assert hang["ranks"]["0"]["step"] >= 5 and hang["ranks"]["0"]["phase"] in ("backward", "collective")
-    assert sorted(p.name for p in Path(hang["folder"]).iterdir()) == ["rank-0.txt", "rank-1.txt"]
+    folder = Path(hang["folder"])
+    assert sorted(p.name for p in folder.iterdir()) == ["rank-0.txt", "rank-1.txt"]
+    # reported, and every rank's stacks written, within hang_timeout + 10 s of the stall
+    stalled_at = float((tmp_path / "stalled-at").read_text())
+    assert TIMEOUT - 0.5 <= hang["time"] - stalled_at <= TIMEOUT + 10 and hang["seconds"] <= TIMEOUT + 10
+    assert max(p.stat().st_mtime for p in folder.iterdir()) - stalled_at <= TIMEOUT + 10
     _resumes(tmp_path, "--num-processes", "2")
 
 
 def test_a_rank_three_times_slower_is_named_a_straggler(tmp_path):
+    from support.processes import start_workbench
+
     _project(tmp_path, max_steps=400, action="report", timeout=60)
     started = time.monotonic()
-    done = workbench("run", "run.toml", "--headless", "--num-processes", "2", cwd=tmp_path, timeout=300,
-                     env={"WB_TEST_MODE": "straggle"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    events = _events(tmp_path / "out")
+    out = tmp_path / "out"
+    run = start_workbench("run", "run.toml", "--headless", "--num-processes", "2", cwd=tmp_path,
+                          env={"WB_TEST_MODE": "straggle"})
+    try:
+        while not (out / "events.jsonl").exists() or not any(e["event"] == "straggler" for e in _events(out)):
+            assert run.poll() is None and time.monotonic() - started < 120, run.communicate()[1][-3000:]
+            time.sleep(0.2)
+        # live, while it runs: each rank's own work per step against the other's
+        status = workbench("ctl", "out", "status", cwd=tmp_path)
+        assert status.returncode == 0, status.stderr
+        line = next(line for line in status.stdout.splitlines() if line.startswith("work a step by rank"))
+        factors = dict(re.findall(r"(\d) [\d.]+ ms ([\d.]+)x", line))
+        assert float(factors["1"]) > 2 and float(factors["0"]) < 0.6, line
+        assert run.wait(timeout=300) == 0, run.communicate()[1][-3000:]
+    finally:
+        if run.poll() is None:
+            run.kill()
+    events = _events(out)
     stragglers = [e for e in events if e["event"] == "straggler"]
-    assert [e["rank"] for e in stragglers] == [1], done.stderr[-2000:]
+    assert [e["rank"] for e in stragglers] == [1], [e["event"] for e in events]
     first = min(e["time"] for e in events if e["event"] == "start")
     assert stragglers[0]["time"] - first < 30 and stragglers[0]["factor"] > 2
     assert time.monotonic() - started < 300
@@ -157,6 +182,12 @@ def test_two_ranks_book_their_time_and_the_end_record_carries_it(tmp_path):
     booked = sum(v for k, v in ledger.items() if k != "wall")
     assert abs(booked - ledger["wall"]) <= 0.02 * ledger["wall"]
     assert ledger["collective"] > 0 and ledger["evaluation"] > 0 and ledger["save"] > 0 and ledger["compute"] > 0
+    # Each rank's own ledger too (rank 1's as of its last heartbeat): every second booked.
+    ranks = end["time_ledger_ranks"]
+    assert sorted(ranks) == ["0", "1"] and ranks["0"] == ledger
+    for own in ranks.values():
+        assert abs(sum(v for k, v in own.items() if k != "wall") - own["wall"]) <= 0.02 * own["wall"]
+        assert own["compute"] > 0 and own["evaluation"] > 0
     logs = [e for e in _events(tmp_path / "out") if e["event"] == "log" and "loss" in e]
     assert logs and all(e["train_samples_per_second"] > 0 for e in logs)
 

@@ -107,11 +107,11 @@ def _print(action: str, result: Any) -> None:
         if result.get("health"):  # where the time goes, and a hang first (issue 27)
             from types import SimpleNamespace
 
-            from workbench.widgets.view import health_line
+            from workbench.widgets.view import health_line, ranks_line
 
-            line = health_line(SimpleNamespace(health=result["health"]))
-            if line:
-                print(line)
+            for line in (health_line(SimpleNamespace(health=result["health"])), ranks_line(result["health"])):
+                if line:
+                    print(line)
     elif action == "checkpoints" and isinstance(result, list):
         for row in result:
             state = "complete" if row["complete"] else "incomplete"

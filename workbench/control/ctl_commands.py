@@ -9,7 +9,7 @@ import difflib
 __all__ = ["CTL_COMMANDS", "CTL_ALIASES", "ctl_epilog", "resolve_command"]
 
 CTL_COMMANDS = {
-    "status": "where the run is: status, step, loss, learning rate, speed",
+    "status": "where the run is: status, step, loss, learning rate, speed, time ledger, a hang, ranks",
     "pause": "pause at the next step boundary (--wait: return once it is paused)",
     "resume": "continue a paused run exactly where it was",
     "save": "save a checkpoint (now if paused, else at the next step end) and name it",

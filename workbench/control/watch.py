@@ -158,6 +158,8 @@ class RecordedRun(_Refusing):
                     health["throughput"] = rates
             elif kind == "hang":
                 health["hang"] = {k: v for k, v in r.items() if k != "event"}
+            elif kind == "hang_cleared":
+                health.pop("hang", None)  # its rank moved on
             elif kind == "straggler":
                 health.setdefault("stragglers", {"ranks": []})["ranks"].append(r)
             elif kind == "eval":

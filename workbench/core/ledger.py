@@ -27,8 +27,9 @@ PHASES = ("startup", "data", "forward", "backward", "optimizer", "collective", "
 # What a user sees: the phases grouped, plus the time of steps a rollback undid.
 CATEGORIES = ("startup", "compute", "data", "evaluation", "save", "paused", "rolled_back", "collective", "other")
 _CATEGORY = {"forward": "compute", "backward": "compute", "optimizer": "compute"}
-# The phases a step is making progress in: the ones a hang is measured in.
-STEP_PHASES = ("data", "forward", "backward", "optimizer", "collective")
+# The phases a hang is measured in: all but start-up (loading a large model may take minutes)
+# and a pause (waiting for a person).
+HANG_PHASES = ("data", "forward", "backward", "optimizer", "collective", "evaluation", "save", "other")
 
 
 class Ledger:
@@ -43,6 +44,9 @@ class Ledger:
         self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self.rolled_back = 0.0  # compute seconds of steps a rollback undid (moved out of compute)
         self._step_compute: list[tuple[int, float]] = []  # (step, compute seconds) since the last trim
+        # With several ranks, each rank's summary ({"0": {...}, "1": {...}}), gathered as the
+        # loop ends (train/loop.py) for the end record; None with one process.
+        self.by_rank: dict[str, dict[str, float]] | None = None
 
     def enter(self, phase: str) -> str:
         """Book the time so far to the current phase, then switch to ``phase``; returns the
@@ -61,6 +65,11 @@ class Ledger:
             yield
         finally:
             self.enter(left)
+
+    def mark(self) -> None:
+        """Progress within the current phase (an evaluation batch done): the phase's clock
+        starts again, so a hang is measured from the last progress, not the phase's start."""
+        self.enter(self.phase)
 
     def step_done(self, step: int, compute_seconds: float) -> None:
         """A step ended: remember its compute time, in case a rollback undoes it."""

@@ -9,16 +9,21 @@ or a collective: a heartbeat tied to the ranks' agreement (rank_sync.py) would s
 very rank that hangs, and could not say where it is; the store goes on answering while a
 rank's training thread is stuck in its data loader or a collective.
 
-* **Hang**: a rank whose step has not moved for ``hang_timeout`` seconds in a step phase
-  (data, forward, backward, optimizer, collective), or whose heartbeat has stopped. Rank 0
-  names the rank furthest behind (lowest step, then earliest phase: the one the others
-  wait for), writes a ``hang`` record, and every rank dumps all its threads' stacks
-  (faulthandler: no ptrace) into ``output_dir/hang-<time>/rank-<n>.txt``. With
+* **Hang**: a rank that has stood in one phase for ``hang_timeout`` seconds -- any phase but
+  start-up and a pause (core/ledger.py HANG_PHASES: a step's, evaluation, save, "other" such
+  as a callback) -- or whose heartbeat has stopped. An evaluation marks each batch done, so a
+  long one that makes progress is no hang; a save or a callback has no such mark, so
+  ``hang_timeout`` must exceed the longest of them. Rank 0 names the rank the others wait
+  for (:func:`culprit`), writes a ``hang`` record, and every rank dumps all its threads'
+  stacks (faulthandler: no ptrace) into ``output_dir/hang-<time>/rank-<n>.txt``. With
   ``hang_action = "stop"`` every rank then exits with code 3 so a scheduler restarts the
-  job, which resumes from the last checkpoint.
+  job, which resumes from the last checkpoint. With "report", once the rank moves again (a
+  later step or phase) a ``hang_cleared`` record says so and the hang leaves the snapshot;
+  a later hang is reported and dumped again, into a folder of its own.
 * **Straggler**: a rank whose own work per step (data, forward and optimizer: not the
   backward, where DDP's ranks wait for each other) stays above ``straggler_factor`` x the
-  median of the other ranks' for ``straggler_after`` seconds.
+  median of the other ranks' for ``straggler_after`` seconds. Each rank's work per step and
+  its factor over the others' median are published live (``latest["ranks"]``).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from typing import Any
 
 from workbench.core.args.training import ArgumentError
 from workbench.core.exit_codes import EXIT_HUNG
-from workbench.core.ledger import PHASES, STEP_PHASES, Ledger
+from workbench.core.ledger import HANG_PHASES, Ledger
 from workbench.distributed.oom_flags import rendezvous_store
 
 log = logging.getLogger("workbench")
@@ -55,7 +60,8 @@ _HANG_KEY = "workbench/health/hang"
 class Health:
     """How a run watches itself (the ``[health]`` table; ``Trainer(health=...)``).
 
-    ``hang_timeout``: seconds a step may stand still before it is a hang (0: never);
+    ``hang_timeout``: seconds a rank may stand in one phase before it is a hang (0: never;
+    above the longest save or callback, which show no progress while they run);
     ``hang_action``: "report" (say so, dump stacks, keep waiting) or "stop" (then exit 3);
     ``straggler_factor`` / ``straggler_after``: how much slower than the other ranks' median,
     for how many seconds, before a rank is named a straggler; ``peak_tflops``: the device's
@@ -91,23 +97,42 @@ class Health:
 HEALTH_FIELDS = tuple(f.name for f in dataclasses.fields(Health))
 
 
+# A rank in a collective waits for the others: the rank they wait for is elsewhere.
+_WAITING = ("collective",)
+# Where a phase comes in a step, for ranks at the same step: the ledger's step moves at the
+# optimizer's end, so the step end's callbacks ("other"), evaluation and save come first (0),
+# then the next step's data, forward, backward and optimizer. The earliest is furthest behind.
+_STAGE = {"data": 1, "forward": 2, "backward": 3, "optimizer": 4}
+_DONE = "done"  # the phase of a rank's last heartbeat, once its train() has ended
+
+
 def culprit(beats: dict[int, dict[str, Any]], now: float, timeout: float) -> tuple[int, dict[str, Any]] | None:
-    """The rank a hang is blamed on: a rank whose heartbeat stopped, else the rank furthest
-    behind (lowest step, then the earliest phase of a step: the others wait for it); None
-    while no rank has stood still for ``timeout`` seconds."""
-    silent = [(r, b) for r, b in beats.items() if now - b["time"] > max(timeout, 5.0)]
+    """The rank a hang is blamed on: a rank whose heartbeat stopped; else, of the ranks not
+    waiting in a collective (all of them if every one is), the furthest behind -- lowest step,
+    then earliest part of a step, then longest in its phase -- once it has stood in one phase
+    of HANG_PHASES for ``timeout`` seconds (a rank that left train() when all the others
+    wait); None while there is no such rank."""
+    silent = [(r, b) for r, b in beats.items() if b["phase"] != _DONE and now - b["time"] > max(timeout, 5.0)]
     if silent:
         return min(silent, key=lambda rb: rb[1]["time"])
-    stuck = [(r, b) for r, b in beats.items() if b["phase"] in STEP_PHASES and b["in_phase"] > timeout]
-    if not stuck:
+    watched = {r: b for r, b in beats.items() if b["phase"] in HANG_PHASES}
+    pool = {r: b for r, b in watched.items() if b["phase"] not in _WAITING} or watched
+    if not pool:
         return None
-    order = {p: i for i, p in enumerate(PHASES)}
-    return min(beats.items(), key=lambda rb: (rb[1]["step"], order.get(rb[1]["phase"], len(order)), rb[0]))
+    rank, beat = min(pool.items(), key=lambda rb: (rb[1]["step"], _STAGE.get(rb[1]["phase"], 0), -rb[1]["in_phase"], rb[0]))
+    # Blamed only once it stands still itself: a rank moving through long phases is slow, not stuck.
+    if beat["in_phase"] <= timeout:
+        return None
+    left = [(r, b) for r, b in beats.items() if b["phase"] == _DONE]
+    if beat["phase"] in _WAITING and left:  # every rank still training waits: for one whose train() ended (an error)
+        return min(left, key=lambda rb: rb[1]["time"])
+    return rank, beat
 
 
 class HealthMonitor:
-    """One rank's watchdog thread (module docstring). ``report(kind, record)`` hears hangs and
-    stragglers on rank 0 (events.jsonl, the Session); ``latest`` holds the newest of each."""
+    """One rank's watchdog thread (module docstring). ``report(kind, record)`` hears hangs,
+    their end (``hang_cleared``) and stragglers on rank 0 (events.jsonl, the Session);
+    ``latest`` holds the hang under way, the stragglers named and each rank's step figures."""
 
     def __init__(self, ledger: Ledger, settings: Health, output_dir: str, *, rank: int = 0, world: int = 1,
                  store: Any = None, report: Callable[[str, dict[str, Any]], None] | None = None,
@@ -121,7 +146,8 @@ class HealthMonitor:
         self.beats: dict[int, dict[str, Any]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._dumped: str | None = None  # the hang folder this rank has dumped its stacks into
+        self._dumped: str | None = None  # the folder of the hang this rank last dumped its stacks for
+        self._stalled = (None, 0.0)  # rank 0: the hung rank's phase entry (its ledger's since), when it stalled
         self._work = 0.0  # own work per step, smoothed
         self._last = (ledger.step, self._own_work())
         self._slow_since: dict[int, float] = {}
@@ -136,11 +162,29 @@ class HealthMonitor:
             self._thread.start()
 
     def stop(self) -> None:
-        """Stop the watchdog (the run has ended or is paused for good)."""
+        """Stop the watchdog (the run has ended or is paused for good), then take a last look."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        try:
+            self._last_look()
+        except Exception as exc:  # noqa: BLE001 - the store may be gone with the other ranks
+            log.debug("health watchdog, last look: %s", exc)
+
+    def _last_look(self) -> None:
+        """A last heartbeat saying this rank's train() is over (rank 0 never takes its silence
+        for a hang). On rank 0 a hang whose rank moved since the last look leaves the snapshot
+        without a record -- the run's ``end`` record, written already, closes it -- and one
+        still standing is marked over in the store (a later train() must not dump for it)."""
+        beat = self.beat()
+        if self.store is not None:
+            self.store.set(_KEY.format(self.rank), json.dumps({**beat, "phase": _DONE}))
+        if self.rank == 0 and "hang" in self.latest:
+            self.beats = self._read_beats(beat)
+            self._settle(time.time(), report=False)
+            if "hang" in self.latest and self.store is not None:
+                self.store.set(_HANG_KEY, json.dumps({**self.latest["hang"], "cleared": True}))
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -163,8 +207,12 @@ class HealthMonitor:
             per_step = (work - last_work) / (step - last_step)
             self._work = per_step if not self._work else 0.7 * self._work + 0.3 * per_step
             self._last = (step, work)
+        # "since" (when the phase began, this process's clock) tells one stay in a phase from the next.
+        # The ledger rides along (a dozen numbers a beat, off the training thread): rank 0 then
+        # knows where every rank's time went, not only its own.
         return {"rank": self.rank, "step": step, "phase": self.ledger.phase, "in_phase": self.ledger.in_phase_for(),
-                "work": self._work, "time": time.time(), "pid": os.getpid()}
+                "since": self.ledger.since, "work": self._work, "time": time.time(), "pid": os.getpid(),
+                "ledger": self.ledger.summary()}
 
     def tick(self) -> None:
         """Publish this rank's heartbeat; on rank 0 read everyone's and judge; dump stacks
@@ -175,8 +223,10 @@ class HealthMonitor:
         if self.rank == 0:
             self.beats = self._read_beats(beat)
             self._judge(time.time())
-        elif self.store is not None and self._dumped is None and self.store.check([_HANG_KEY]):
-            self._on_hang(json.loads(self.store.get(_HANG_KEY)))
+        elif self.store is not None and self.store.check([_HANG_KEY]):
+            record = json.loads(self.store.get(_HANG_KEY))
+            if not record.get("cleared") and record["folder"] != self._dumped:  # a hang this rank has not dumped for
+                self._on_hang(record)
 
     def _read_beats(self, own: dict[str, Any]) -> dict[int, dict[str, Any]]:
         beats = {0: own}
@@ -189,25 +239,76 @@ class HealthMonitor:
         return beats
 
     def _judge(self, now: float) -> None:
-        timeout = self.settings.hang_timeout
-        if timeout and "hang" not in self.latest:
-            found = culprit(self.beats, now, timeout)
-            if found is not None:
-                rank, beat = found
-                silent = now - beat["time"] > max(timeout, 5.0)
-                record = {"rank": rank, "phase": beat["phase"], "stalled_step": beat["step"],
-                          "seconds": round(now - beat["time"] if silent else beat["in_phase"], 1),
-                          "silent": silent, "action": self.settings.hang_action,
-                          "folder": str(self.output_dir / f"hang-{time.strftime('%Y%m%d-%H%M%S')}"),
-                          "ranks": {str(r): {"step": b["step"], "phase": b["phase"]} for r, b in self.beats.items()}}
-                self.latest["hang"] = record
-                if self.store is not None:
-                    self.store.set(_HANG_KEY, json.dumps(record))
-                self.report("hang", record)
-                self._on_hang(record)
-                return
+        if self.settings.hang_timeout:
+            if "hang" in self.latest:
+                self._settle(now)
+            if "hang" not in self.latest:
+                found = culprit(self.beats, now, self.settings.hang_timeout)
+                if found is not None:
+                    self._declare(*found, now)
         if self.world > 1:
             self._judge_stragglers(now)
+            self.latest["ranks"] = self._rank_figures()
+
+    def _declare(self, rank: int, beat: dict[str, Any], now: float) -> None:
+        """A hang: the record (latest, the store for the other ranks, the report), then the stacks."""
+        silent = now - beat["time"] > max(self.settings.hang_timeout, 5.0)
+        seconds = now - beat["time"] if silent else beat["in_phase"]
+        record = {"rank": rank, "phase": beat["phase"], "stalled_step": beat["step"], "seconds": round(seconds, 1),
+                  "silent": silent, "action": self.settings.hang_action, "folder": self._new_folder(),
+                  "ranks": {str(r): {"step": b["step"], "phase": b["phase"]} for r, b in self.beats.items()}}
+        self._stalled = (beat.get("since"), now - seconds)
+        self.latest["hang"] = record
+        if self.store is not None:
+            self.store.set(_HANG_KEY, json.dumps(record))
+        self.report("hang", record)
+        self._on_hang(record)
+
+    def _settle(self, now: float, report: bool = True) -> None:
+        """The hang under way: cleared once its rank has moved (another step or phase, its
+        heartbeat back), with a ``hang_cleared`` record; until then its seconds kept current."""
+        hang = self.latest["hang"]
+        beat = self.beats.get(hang["rank"])
+        if beat is None:
+            return
+        since, stalled_at = self._stalled
+        heard = beat["phase"] == _DONE or now - beat["time"] <= max(self.settings.hang_timeout, 5.0)
+        moved = (beat["step"], beat["phase"], beat.get("since")) != (hang["stalled_step"], hang["phase"], since)
+        if not (heard and moved):
+            seconds = beat["in_phase"] if heard else now - stalled_at  # the time in the phase it stands in
+            self.latest["hang"] = {**hang, "seconds": round(seconds, 1)}
+            return
+        del self.latest["hang"]
+        if self.store is not None:  # the other ranks dump again only for a hang declared after this
+            self.store.set(_HANG_KEY, json.dumps({**hang, "cleared": True}))
+        if report:
+            self.report("hang_cleared", {"rank": hang["rank"], "phase": hang["phase"], "stalled_step": hang["stalled_step"],
+                                         "at_step": beat["step"], "phase_now": beat["phase"],
+                                         "seconds": round(now - stalled_at, 1), "folder": hang["folder"]})
+
+    def _new_folder(self) -> str:
+        """``output_dir/hang-<time>``, numbered when a hang of the same second has it already."""
+        base = self.output_dir / f"hang-{time.strftime('%Y%m%d-%H%M%S')}"
+        folder, n = base, 1
+        while folder.exists() or str(folder) == self._dumped:
+            n += 1
+            folder = base.with_name(f"{base.name}-{n}")
+        return str(folder)
+
+    def _rank_figures(self) -> dict[str, dict[str, Any]]:
+        """Each rank's step, phase, own work per step (seconds), its factor over the median
+        of the other ranks' (None until both are known) and its time ledger as of its last
+        beat: the live straggler view, and where each rank's time went."""
+        works = {r: b.get("work") or 0.0 for r, b in self.beats.items()}
+        figures = {}
+        for rank, beat in sorted(self.beats.items()):
+            others = [w for r, w in works.items() if r != rank and w]
+            median = statistics.median(others) if others else 0.0
+            work = works[rank]
+            figures[str(rank)] = {"step": beat["step"], "phase": beat["phase"], "work_per_step": round(work, 4),
+                                  "factor": round(work / median, 2) if work and median else None,
+                                  "ledger": beat.get("ledger")}
+        return figures
 
     def _judge_stragglers(self, now: float) -> None:
         works = {r: b["work"] for r, b in self.beats.items() if b.get("work")}
@@ -232,7 +333,7 @@ class HealthMonitor:
 
     def _on_hang(self, record: dict[str, Any]) -> None:
         """Dump this rank's stacks into the hang's folder; with ``hang_action = "stop"``, exit 3."""
-        if self._dumped is None:
+        if self._dumped != record["folder"]:
             folder = Path(record["folder"])
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"rank-{self.rank}.txt"
@@ -241,7 +342,7 @@ class HealthMonitor:
                         f"for {self.ledger.in_phase_for():.1f} s\n\n")
                 f.flush()
                 faulthandler.dump_traceback(file=f, all_threads=True)
-            self._dumped = str(folder)
+            self._dumped = record["folder"]
         if record.get("action") == "stop":
             from workbench.distributed.launch import report_exit_code
 
@@ -283,6 +384,10 @@ def monitor_for(run: Any) -> HealthMonitor:
             where = "stopped sending heartbeats" if record["silent"] else f"has been in {record['phase']}"
             print(f"workbench: hang: rank {record['rank']} {where} at step {record['stalled_step']} for "
                   f"{record['seconds']:.0f} s; stacks of every rank in {record['folder']}", file=sys.stderr, flush=True)
+        elif kind == "hang_cleared":
+            where = "its training over" if record["phase_now"] == _DONE else f"now in {record['phase_now']}"
+            print(f"workbench: hang over: rank {record['rank']} moved on after {record['seconds']:.0f} s "
+                  f"({where} at step {record['at_step']})", file=sys.stderr, flush=True)
         else:
             print(f"workbench: straggler: rank {record['rank']} takes {record['factor']}x the other ranks' time "
                   f"for its own work per step (for {record['for_seconds']:.0f} s)", file=sys.stderr, flush=True)

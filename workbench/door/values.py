@@ -140,7 +140,9 @@ class Snapshot:
     device: str | None = None
     updated: float = 0.0
     # Run health: {"ledger": seconds by category (core/ledger.py), "throughput": the rates of
-    # the steps last logged, "hang": the hang report, "stragglers": {"ranks": [...]}}.
+    # the steps last logged, "hang": the hang under way (None once its rank moved on),
+    # "stragglers": {"ranks": [...]}, "ranks": {"<rank>": {"step", "phase", "work_per_step",
+    # "factor"}} with several ranks (distributed/health.py)}.
     health: dict[str, Any] | None = None
     # The learning rate planned for the rest of the run, (step, rate) on the logged rate's axis:
     # the schedule with its live changes (front-ends draw it dashed after the logged rate).

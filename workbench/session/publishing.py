@@ -143,13 +143,14 @@ class SessionPublishing:
             published()
 
     def _on_health(self, kind: str, record: dict[str, Any]) -> None:
-        """A hang or a straggler the health watchdog found (its thread): an event, and a
-        snapshot that says so at once."""
+        """A hang, its end or a straggler the health watchdog found (its thread): an event,
+        and a snapshot that says so at once."""
         self._emit(kind, **record)
         self._publish()
 
     def _health(self) -> dict[str, Any] | None:
-        """The snapshot's run health: the time ledger, the newest rates, hang and stragglers."""
+        """The snapshot's run health: the time ledger, the newest rates, the hang under way,
+        stragglers and, with several ranks, each rank's work per step against the others'."""
         trainer = self.trainer
         ledger = getattr(trainer, "ledger", None)
         if ledger is None:
@@ -158,7 +159,7 @@ class SessionPublishing:
         latest = dict(monitor.latest) if monitor is not None else {}
         throughput = getattr(trainer, "throughput", None)
         return {"ledger": ledger.summary(), "throughput": dict(throughput.latest) if throughput is not None else {},
-                "hang": latest.get("hang"), "stragglers": latest.get("stragglers")}
+                "hang": latest.get("hang"), "stragglers": latest.get("stragglers"), "ranks": latest.get("ranks")}
 
     def _set_status(self, status: Status, only_from: tuple[Status, ...] | None = None) -> None:
         with self._lock:

@@ -234,6 +234,7 @@ def evaluation_loop(trainer: Run, dataloader, description: str, prediction_loss_
     num_samples = 0
     metrics: dict[str, Any] | None = None
     n_batches = len(dataloader) if has_length(dataloader) else None
+    ledger = getattr(trainer, "ledger", None)
     for step, inputs in enumerate(dataloader):
         batch_size = _batch_size(inputs)
         num_samples_batch = batch_size
@@ -267,6 +268,8 @@ def evaluation_loop(trainer: Run, dataloader, description: str, prediction_loss_
         num_samples += num_samples_batch
         trainer.control = handler.on_prediction_step(args, trainer.state, trainer.control)
         trainer.gates.evaluation_point(trainer)  # a stop asked for meanwhile cuts the evaluation short
+        if ledger is not None:
+            ledger.mark()  # a batch done: a long evaluation that makes progress is no hang (health.py)
         if batch_metrics:
             # Without a length (iterable eval set), Accelerate's loader looks one batch
             # ahead and flags the last one.
