@@ -30,8 +30,9 @@ from workbench.door.protocol import ENDED, CheckpointRow, SessionLike, Snapshot,
 from support import DEADLINE, REPO, Slow, finished_run, make_session, wait_until
 
 WIDGETS = REPO / "widgets"
-# What widgets/ may import from the core: the door, its value types and its words for how a run ended.
-DOOR = ("workbench.door.protocol", "workbench.door.values", "workbench.door.endings")
+# What widgets/ may import from the core: the door, its value types, its words for how a run
+# ended and who is calling (a refusal then names the dashboard's key, not the Python call).
+DOOR = ("workbench.door.protocol", "workbench.door.values", "workbench.door.endings", "workbench.door.callers")
 
 
 # --------------------------------------------------------------------------- the door itself

@@ -464,10 +464,11 @@ def test_guard_names_the_rows_of_a_bad_step_of_batch_encoding_batches(tmp_path):
 
 class PauseAt(TrainerCallback):
     def __init__(self, step: int) -> None:
-        self.step, self.session = step, None
+        self.step, self.session, self.batch = step, None, None
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.step:
+            self.batch = self.session.last_batch  # the last batch the live tokens/s has counted
             self.session.pause()
 
 
@@ -490,7 +491,11 @@ def test_session_inspects_and_measures_batch_encoding_batches(tmp_path):
         assert inspect_model(trainer)["batch_shapes"] == report["batch_shapes"]
         snap = session.snapshot()
         assert snap.tokens_per_second is not None and snap.tokens_per_second > 0
-        assert snap.tokens_per_second == pytest.approx(snap.samples_per_second * batch["input_ids"].shape[1])
+        # Non-padding tokens (train/throughput.py), as train_tokens_per_second counts them: not
+        # samples x the padded length.
+        counted = pause.batch["attention_mask"]
+        assert counted.sum() < counted.numel()
+        assert snap.tokens_per_second == pytest.approx(snap.samples_per_second * counted.sum().item() / counted.shape[0])
     finally:
         session.resume()
         assert session.wait(60) == "finished"

@@ -51,16 +51,20 @@ class Steps(TrainerCallback):
             control.should_training_stop = True
 
 
-def _run(out, model: Tight, *, batch: int = 16, accumulation: int = 1, steps: int = 12, resume=None,
-         health: Health | None = None, stop_at: int | None = None, **extra):
+def _trainer(out, model: Tight, *, batch: int = 16, accumulation: int = 1, steps: int = 12,
+             health: Health | None = None, stop_at: int | None = None, **extra) -> Trainer:
     train, evals = load_builtin_data("random-classification", n_train=512, n_eval=64, in_features=8, num_classes=3,
                                      seed=1)
     callback = Steps(model, stop_at)
     args = TrainingArguments(str(out), max_steps=steps, per_device_train_batch_size=batch,
                              gradient_accumulation_steps=accumulation, learning_rate=0.05, save_steps=4,
                              logging_steps=1, report_to="none", disable_tqdm=True, seed=0, **extra)
-    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=evals, callbacks=[callback],
-                      health=health)
+    return Trainer(model=model, args=args, train_dataset=train, eval_dataset=evals, callbacks=[callback],
+                   health=health)
+
+
+def _run(out, model: Tight, *, resume=None, **options):
+    trainer = _trainer(out, model, **options)
     trainer.train(resume_from_checkpoint=resume)
     return trainer
 
@@ -140,3 +144,66 @@ def test_a_batch_forecast_not_to_fit_is_refused_with_the_figures():
     assert line.startswith("a micro-batch of 16 rows needs about 50.0 GiB (measured: 30.0 GiB peak with 8 rows")
     assert "use at most 11 rows" in line and "\n" not in line
     assert forecast_problem(None, 64) is None  # the CPU keeps no figures: nothing is refused
+
+
+def test_the_recovery_is_an_edit_event_with_the_memory_figures_every_front_end_reads(tmp_path, sessions):
+    from workbench import Session
+    from workbench.control.watch import RecordedRun
+    from workbench.core.edits import edit_changes
+    from workbench.core.event_file import read_events
+
+    trainer = _trainer(tmp_path, Tight(fits=8, from_step=4), steps=8)
+    session = Session(trainer)
+    sessions.append(session)
+    session.start()
+    assert session.wait(60) == "finished"
+    # events.jsonl: an edit record, as a set() makes, with the figures (a CPU run has the host's).
+    edits = [e for e in read_events(tmp_path) if e["event"] == "edit"]
+    assert len(edits) == 1 and edits[0]["step"] == 4 and edits[0]["micro_batch_split"] == 2
+    assert "16 -> 8 rows" in edits[0]["reason"] and "host memory" in edits[0]["reason"]
+    assert edits[0]["memory"]["device"] == "cpu" and edits[0]["memory"]["host_rss"] > 0
+    # The Session: its snapshot's edits (dashboard, panel, ctl status) and an "edited" event.
+    snap = session.snapshot()
+    assert snap.edit_count == 1 and snap.edits[-1]["micro_batch_split"] == 2 and "memory" in snap.edits[-1]
+    assert edit_changes(snap.edits[-1]) == {"micro_batch_split": 2}  # the figures and reason are no change
+    events, _ = session.events_since(0)
+    edited = [e for e in events if e.kind == "edited"]
+    assert len(edited) == 1 and edited[0].step == 4 and edited[0].data["micro_batch_split"] == 2
+    assert edited[0].data["memory"]["host_rss"] > 0 and "out of memory in forward" in edited[0].data["reason"]
+    # watch: a finished run read back from its files shows the same edit.
+    assert RecordedRun(tmp_path).snapshot().edits[-1]["micro_batch_split"] == 2
+    # Recorded once: the live edits a checkpoint carries (and a resume restores the cut from) hold one.
+    assert [e["micro_batch_split"] for e in trainer.workbench_state.live_edits] == [2]
+
+
+def test_the_forecast_compares_the_pieces_a_recovered_run_trains():
+    from workbench.train.oom import OomRecovery
+
+    gib = 2**30
+    saved = {"peak": 30 * gib, "static": 10 * gib, "rows": 8, "total": 40 * gib}  # measured with pieces of 8 rows
+    recovered = OomRecovery(retries=3)
+    recovered.restore([{"step": 4, "micro_batch_split": 2}])
+    assert recovered.rows(16) == 8 and recovered.rows(15) == 8  # the largest piece
+    assert recovered.forecast(saved, 16) is None  # the same batch size: the same pieces
+    line = recovered.forecast(saved, 32)
+    assert line.startswith("a micro-batch of 16 rows needs about 50.0 GiB") and "cut in 2" in line
+    assert OomRecovery(retries=3).forecast(saved, 16) is not None  # uncut, 16 rows would not fit
+    assert recovered.forecast(None, 64) is None  # the CPU keeps no figures: nothing is refused
+
+
+def test_a_resume_after_a_recovery_forecasts_its_pieces_not_the_whole_batch(tmp_path, monkeypatch):
+    import workbench.train.loop as loop
+
+    gib = 2**30
+    # What a CUDA device would record at each save: the peak grows with the rows a piece has.
+    monkeypatch.setattr(loop, "memory_at_save", lambda model, optimizer, device, rows: {
+        "peak": 10 * gib + rows * 2.5 * gib, "static": 10 * gib, "rows": rows, "total": 40 * gib})
+    first = _run(tmp_path / "run", Tight(fits=8, from_step=4), steps=8)
+    assert first.workbench_state.memory["rows"] == 8  # checkpoint-8 measured pieces of 8 rows
+    # The same batch size: the restored cut makes pieces of 8 rows, which fit (not 16, which would not).
+    resumed = _run(tmp_path / "run", Tight(fits=8, from_step=4), steps=12,
+                   resume=str(tmp_path / "run" / "checkpoint-8"))
+    assert resumed.state.global_step == 12 and resumed.model.failures == 0
+    # Twice the batch: pieces of 16 rows, refused before a step runs, with the figures.
+    with pytest.raises(ValueError, match=r"resuming from checkpoint-8: a micro-batch of 16 rows .* cut in 2"):
+        _run(tmp_path / "run", Tight(), batch=32, steps=16, resume=str(tmp_path / "run" / "checkpoint-8"))

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from workbench.core.args.values import check_learning_rate, learning_rate_problem  # noqa: F401 - part of this module's API
+from workbench.core.event_file import EventFile
 from workbench.core.records import RECORD_FIELDS, edit_changes  # noqa: F401 - part of this module's API
 from workbench.core.schedule_edits import install_schedule, parse_schedule, rebuild_schedules, resolve_schedule
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 
 __all__ = ["EDITABLE", "RECORD_FIELDS", "MAX_REASON", "check_reason", "edit_changes", "learning_rate_problem",
-           "check_learning_rate", "parse_edit", "validate_edits", "apply_edit", "replay_edits"]
+           "check_learning_rate", "parse_edit", "validate_edits", "apply_edit", "record_edit", "replay_edits"]
 
 
 def _positive_number(name: str) -> Callable[[Any], None]:
@@ -176,6 +177,22 @@ def apply_edit(run: "Run", key: str, value: Any) -> Any:
     else:  # logging_steps / eval_steps / save_steps: the flow callback reads them from the state
         setattr(state, key, int(value))
     return value
+
+
+def record_edit(run: "Run", record: dict[str, Any]) -> dict[str, Any]:
+    """Record a live edit once it is applied: ``record`` (``{"step", "time", key: value, ...,
+    "reason"?, "memory"?}``) joins the run's live edits (a checkpoint carries them, a resume
+    replays them), becomes an ``edit`` event in events.jsonl (rank 0, as ``watch`` and a finished
+    run's readers see it) and is told to ``run.edit_listeners`` (a Session: its snapshot's edits
+    and an ``edited`` event, which the dashboard, the panel and ``ctl`` show). One path, so an
+    edit the run makes itself (an out-of-memory recovery) reaches them as a front-end's does."""
+    run.workbench_state.live_edits.append(record)
+    if run.is_world_process_zero():
+        fields = {k: v for k, v in record.items() if k not in ("step", "time")}
+        EventFile(run.args.output_dir).write("edit", record["step"], **fields)
+    for listener in list(run.edit_listeners):
+        listener(record)
+    return record
 
 
 def replay_edits(run: "Run") -> None:

@@ -20,12 +20,14 @@ def is_timing_metric(name: str) -> bool:
     return name.endswith(("_runtime", "_per_second"))
 
 
-# The bookkeeping fields of a live-edit record; every other key is an edited value.
-RECORD_FIELDS = ("step", "time", "reason")
+# The bookkeeping fields of a live-edit record; every other key is an edited value. "memory":
+# the device's figures an out-of-memory recovery's edit carries (train/oom.py), what made it,
+# not something changed.
+RECORD_FIELDS = ("step", "time", "reason", "memory")
 
 
 def edit_changes(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The edits of a live-edit record, without its step, time and reason."""
+    """The edits of a live-edit record, without its step, time, reason and memory figures."""
     return {k: v for k, v in record.items() if k not in RECORD_FIELDS}
 
 

@@ -136,6 +136,9 @@ class Run(ABC):
     health: Any = None  # the Health settings
     health_monitor: Any = None
     health_listeners: list = []
+    # Who hears of a live edit the run makes itself (an out-of-memory recovery's cut, and a
+    # Session's own set()): called with its record by core/edits.py record_edit (a Session).
+    edit_listeners: list = []
 
     # What the Trainer's constructor learned about the model and the user's choices.
     guard: Any = None  # the Guard settings (workbench/guard/settings.py); None: off

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.core.edits import apply_edit, check_reason, validate_edits
-from workbench.core.event_file import EventFile
+from workbench.core.edits import apply_edit, check_reason, edit_changes, record_edit, validate_edits
 from workbench.door.values import ENDED, Status
 from workbench.session.rank_pause import hold_ranks_paused
 
@@ -306,11 +305,14 @@ class SessionCommands:
                                  key=lambda kv: kv[0] not in ("max_steps", "num_train_epochs", "schedule")):
             applied[key] = apply_edit(trainer, key, value)
         why = {"reason": reason} if reason else {}  # no empty "reason" keys in old-style records
-        record = {"step": trainer.state.global_step, "time": time.time(), **applied, **why}
-        trainer.workbench_state.live_edits.append(record)
-        self._edits.append(record)
-        if trainer.is_world_process_zero():
-            EventFile(trainer.args.output_dir).write("edit", trainer.state.global_step, **applied, **why)
-        self._emit("edited", **applied, **why)
-        self._publish()
+        # Recorded as every edit is (the live edits, events.jsonl, then _on_run_edit below).
+        record_edit(trainer, {"step": trainer.state.global_step, "time": time.time(), **applied, **why})
         return applied
+
+    def _on_run_edit(self, record: dict[str, Any]) -> None:
+        """A live edit recorded (core/edits.py record_edit: this Session's set(), or one the run
+        made itself, such as an out-of-memory recovery's cut, on the training thread): into the
+        snapshot's edits and an ``edited`` event, so every front-end shows it."""
+        self._edits.append(record)  # (a list's append is atomic: the snapshot reads it under the lock)
+        self._emit("edited", **edit_changes(record), **{k: record[k] for k in ("reason", "memory") if k in record})
+        self._publish()

@@ -178,6 +178,9 @@ class Session(SessionCommands, SessionPublishing, CheckpointCommands, ForkComman
         # A hang is found by a watchdog thread while the training thread is stuck, so it is
         # published from there (the training thread's hooks would never run).
         trainer.health_listeners = [*getattr(trainer, "health_listeners", []), self._on_health]
+        # The run's own edits (an out-of-memory recovery's cut) and this Session's reach the
+        # snapshot and the events through one path (core/edits.py record_edit).
+        trainer.edit_listeners = [*getattr(trainer, "edit_listeners", []), self._on_run_edit]
 
     # -- construction ----------------------------------------------------------------
 

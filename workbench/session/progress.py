@@ -1,7 +1,9 @@
 """How far a run is and how fast it goes: elapsed time, steps/samples/tokens per second, ETA.
 
 Computed from the TrainerState and the clock when a snapshot is published (at most ten
-times a second), never per step. Time spent paused is not training time: the Session's
+times a second), never per step. Tokens are the non-padding tokens the run's Throughput
+counts (train/throughput.py, the ``train_tokens_per_second`` of the logs): samples/s times
+its non-padding tokens a sample, so the live figure and the logged one count alike. Time spent paused is not training time: the Session's
 :class:`PauseClock` stops while the run is paused, so elapsed time neither runs on during a
 pause nor jumps back after it, samples/s does not decay while paused, and the paused time
 is shown apart (``Snapshot.paused``).
@@ -10,7 +12,6 @@ is shown apart (``Snapshot.paused``).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["progress", "PauseClock"]
@@ -58,11 +59,9 @@ def progress(trainer: Any, started_at: float | None, start_step: int, clock: Pau
     steps_per_s = done / elapsed if elapsed > 0 and done > 0 else 0.0
     samples_per_step = ((state.train_batch_size or args.per_device_train_batch_size)
                         * args.gradient_accumulation_steps * trainer.accelerator.num_processes)
-    tokens_per_s = None
-    batch = getattr(trainer, "last_inputs", None)
-    # Any Mapping is a batch (HF's collators return BatchEncoding, a UserDict).
-    if isinstance(batch, Mapping) and hasattr(batch.get("input_ids"), "shape") and batch["input_ids"].dim() == 2:
-        tokens_per_s = steps_per_s * samples_per_step * batch["input_ids"].shape[1]
+    # None until the run has counted tokens (a model without input ids never does).
+    per_sample = getattr(getattr(trainer, "throughput", None), "tokens_per_sample", None)
+    tokens_per_s = steps_per_s * samples_per_step * per_sample if per_sample is not None else None
     remaining = max(state.max_steps - state.global_step, 0)
     return {"elapsed": elapsed, "paused": clock.paused() if clock is not None else 0.0, "steps_per_second": steps_per_s, "samples_per_second": steps_per_s * samples_per_step,
             "tokens_per_second": tokens_per_s, "eta": remaining / steps_per_s if steps_per_s > 0 else None}

@@ -38,7 +38,7 @@ from workbench.guard.runner import make_guard
 from workbench.train.accelerator_setup import optimizer_needs_wrapper, prepare_for_training
 from workbench.train.loss_window import LossLog
 from workbench.train.schedules import steps_per_update
-from workbench.train.memory import forecast_problem, memory_at_save
+from workbench.train.memory import memory_at_save
 from workbench.train.oom import OomRecovery, batch_rows, free_memory, oom_flags, split_batch
 from workbench.train.throughput import device_peak_tflops
 
@@ -142,9 +142,6 @@ class TrainingLoop:
             # This launch's arguments where they differ from the checkpoint's: warned about,
             # and the live-editable ones applied from here as a recorded edit (resume_args.py).
             apply_changed_arguments(trainer, checkpoint, max_steps)
-            problem = forecast_problem(trainer.workbench_state.memory, args.per_device_train_batch_size)
-            if problem is not None:  # before a step runs out of memory (on devices that count it)
-                raise ValueError(f"resuming from {checkpoint.name}: {problem}")
         if acc.is_main_process:
             store.clean_temporaries()
         self.losses = LossLog(trainer)
@@ -153,11 +150,14 @@ class TrainingLoop:
         self._oom_flags = oom_flags(self.model, acc, trainer.health.oom_retries)
         self.oom.restore(trainer.workbench_state.live_edits)  # a resumed run cuts its batches as it did
         trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps * self.oom.split
+        if checkpoint is not None:  # forecast once the cut is back: the pieces, not the whole batch, must fit
+            problem = self.oom.forecast(trainer.workbench_state.memory, args.per_device_train_batch_size)
+            if problem is not None:  # before a step runs out of memory (on devices that count it)
+                raise ValueError(f"resuming from {checkpoint.name}: {problem}")
+            self.losses.restore(trainer.workbench_state.loss_window)
         peak = device_peak_tflops(acc.device, acc.mixed_precision, trainer.health.peak_tflops)
         trainer.throughput.start(acc.device, peak)
         self._idle_at = 0.0  # evaluation, save and paused seconds at the last throughput window
-        if checkpoint is not None:
-            self.losses.restore(trainer.workbench_state.loss_window)
         # The Trainer's step-end hooks and every save (wherever asked for) reach this run through it.
         trainer.loop = self
         trainer.current_flos = 0
@@ -266,11 +266,8 @@ class TrainingLoop:
         trainer.control = handler.on_epoch_end(args, trainer.state, trainer.control)
         # An epoch-end save or evaluation reads the guard first, as a step end does: a
         # checkpoint must never hold a rollback still to be carried out.
-        self._restart = self.guard.read_point(trainer)
-        if self._restart is not None:
-            self.losses.restart_at(trainer.state.global_step)
-            if not trainer.control.should_training_stop:
-                return  # rolled back: the data restarts where the rollback says (run())
+        if self._read_guard() and not trainer.control.should_training_stop:
+            return  # rolled back: the data restarts where the rollback says (run())
         self._log_save_evaluate()
 
     def _step(self, micro: list[Any]) -> bool:
@@ -324,12 +321,21 @@ class TrainingLoop:
             ledger.enter("collective")  # the ranks' agreement is collected here
         trainer.gates.step_end(trainer)
         ledger.enter("other")
-        self._restart = guard.read_point(trainer)
-        if self._restart is not None:
-            self.losses.restart_at(state.global_step)  # the unlogged losses were partly of undone steps
-            ledger.undo_steps(state.global_step)
+        self._read_guard()
         if self._restart is None or trainer.control.should_training_stop:
             self._log_save_evaluate()  # (a rollback that also stops saves the restored boundary)
+        return True
+
+    def _read_guard(self) -> bool:
+        """The guard's read point (a step or epoch end); True when it rolled back. ``_restart``
+        then says where the data goes on, and what the undone steps left is dropped alike on
+        both paths: their unlogged losses, and their compute time (booked as rolled back)."""
+        self._restart = self.guard.read_point(self.trainer)
+        if self._restart is None:
+            return False
+        step = self.trainer.state.global_step  # the restored boundary
+        self.losses.restart_at(step)
+        self.ledger.undo_steps(step)
         return True
 
     def _forward_backward(self, micro: list[Any], num_items: Any) -> tuple[list[Any] | None, list[Any]]:
@@ -360,15 +366,7 @@ class TrainingLoop:
                 return pieces, out
             why = self.oom.recover(trainer, micro, where)
             if why is not None:
-                log.error("step %d: %s; stopping with a checkpoint of step %d", trainer.state.global_step + 1,
-                          why, trainer.state.global_step)
-                if trainer.is_world_process_zero():  # what filled the memory, beside the reason
-                    from workbench.core.event_file import EventFile
-                    from workbench.train.memory import memory_report
-
-                    report = memory_report(unwrap_model(trainer.model), trainer.optimizer).to_dict()
-                    EventFile(self.args.output_dir).write("oom", trainer.state.global_step, reason=why, **report)
-                trainer.control.should_training_stop = trainer.control.should_save = True
+                self.oom.give_up(trainer, why)  # stops with a checkpoint of this boundary
                 return None, []
 
     def _join_step(self, pieces: list[Any], num_items: Any, failed_at: int, phase: str) -> None:
@@ -469,10 +467,14 @@ class TrainingLoop:
         """A checkpoint of this boundary is being written: the unlogged loss, the guard's
         records (and its rollback point of this boundary) and the position go into it."""
         trainer = self.trainer
+        # Tokens are summed over ranks at logs only (no per-step sync); a checkpoint between
+        # two logs must still hold every step's (HF counts each step). Every rank saves, as
+        # store_flos's sum just before this needs.
+        self._sync_tokens()
         trainer.workbench_state.loss_window = self.losses.export()
         self.guard.prepare_save(trainer)
         trainer.workbench_state.position = {**trainer.position.export(), "epoch_batches": self.batches_per_epoch}
-        rows = self.args.per_device_train_batch_size // self.oom.split
+        rows = self.oom.rows(self.args.per_device_train_batch_size)  # the pieces a step trains now
         trainer.workbench_state.memory = memory_at_save(unwrap_model(trainer.model), trainer.optimizer,
                                                         self.accelerator.device, rows)
 
@@ -520,6 +522,17 @@ class TrainingLoop:
         self.trainer.state.num_input_tokens_seen += int(tokens)
         self._tokens.zero_()
 
+    def _gather_ledgers(self) -> None:
+        # Where each rank's time went, exactly, for the end record: one small gather where every
+        # rank ends (as the tokens' sum above), not the heartbeats' view, up to seconds old.
+        if self.accelerator.num_processes < 2:
+            return
+        own = self.ledger.summary()
+        keys = sorted(own)
+        row = torch.tensor([[own[k] for k in keys]], dtype=torch.float64, device=self.accelerator.device)
+        table = self.accelerator.gather(row).tolist()
+        self.ledger.by_rank = {str(r): {k: round(v, 4) for k, v in zip(keys, values)} for r, values in enumerate(table)}
+
     # -- the end ------------------------------------------------------------------------------
 
     def _finish(self) -> TrainOutput:
@@ -530,6 +543,7 @@ class TrainingLoop:
         done = state.global_step - self.start_step
         train_loss = self.losses.train_loss(done)
         self._sync_tokens()
+        self._gather_ledgers()
         samples = done * trainer._train_batch_size * args.gradient_accumulation_steps * self.accelerator.num_processes
         metrics = speed_metrics("train", self.start_time, num_samples=samples, num_steps=done)
         trainer.store_flos()

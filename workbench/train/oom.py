@@ -6,8 +6,10 @@ An out-of-memory error in forward or backward (``torch.OutOfMemoryError``) leave
 step's gradients half made: they are dropped, the allocator's cache is emptied, and every
 micro-batch of the step (and of every later step) is split into ``split`` equal parts along
 its first dimension, trained one after another with ``split`` times the accumulation. The
-change is recorded as a live edit (``micro_batch_split``, with the memory figures), which a
-checkpoint carries and a resume puts back. After ``oom_retries`` recoveries, or when a
+change is recorded as a live edit (``micro_batch_split``, with the memory figures), as every
+edit is (core/edits.py ``record_edit``: an ``edit`` event, and a Session's snapshot and
+``edited`` event), which a checkpoint carries and a resume puts back; a resume's memory
+forecast compares the pieces so cut. After ``oom_retries`` recoveries, or when a
 micro-batch cannot be cut further, the run stops with a checkpoint and says why. An
 evaluation batch that does not fit is cut in half the same way, for evaluation only.
 
@@ -27,9 +29,14 @@ from typing import Any
 
 import torch
 
+from workbench.core.edits import record_edit
+from workbench.core.event_file import EventFile
+from workbench.core.trainer_utils import unwrap_model
 from workbench.distributed.oom_flags import OomFlags, rendezvous_store
+from workbench.train.memory import forecast_problem, host_rss, memory_report
 
-__all__ = ["OomRecovery", "split_batch", "batch_rows", "is_out_of_memory", "free_memory", "oom_flags"]
+__all__ = ["OomRecovery", "split_batch", "batch_rows", "is_out_of_memory", "free_memory", "oom_flags", "memory_figures",
+           "figures_text"]
 
 log = logging.getLogger("workbench")
 
@@ -99,11 +106,29 @@ class OomRecovery:
             return micro
         return [piece for inputs in micro for piece in split_batch(inputs, self.split)]
 
+    def rows(self, per_device: int) -> int:
+        """The rows of the largest micro-batch piece trained now, of micro-batches of
+        ``per_device`` rows cut in ``split`` (what a step's activations grow with)."""
+        return -(-per_device // self.split)
+
+    def forecast(self, saved: dict[str, Any] | None, per_device: int) -> str | None:
+        """Why a resumed run's micro-batches would not fit the device, forecast from its
+        checkpoint's figures (train/memory.py), or None. After :meth:`restore`: a run that
+        recovered from an out-of-memory error keeps its cut, so its pieces are compared with
+        the rows the checkpoint measured, not the whole ``per_device_train_batch_size``."""
+        problem = forecast_problem(saved, self.rows(per_device))
+        if problem is not None and self.split > 1:
+            problem += (f" (per_device_train_batch_size {per_device} cut in {self.split} since an out-of-memory "
+                        "error)")
+        return problem
+
     def recover(self, run: Any, micro: list[Any], where: str) -> str | None:
         """After an out-of-memory error (``where``: the phase, and the rank with several): free
-        what the failed step held and cut the micro-batches in two (recorded as a live edit).
-        Returns None to redo the step, or why the run must stop instead (no retries left, or
-        batches of one row). Every rank decides alike from the same counts."""
+        what the failed step held and cut the micro-batches in two (recorded as a live edit with
+        the memory figures, core/edits.py record_edit). Returns None to redo the step, or why the
+        run must stop instead (no retries left, or batches of one row). Every rank decides alike
+        from the same counts."""
+        figures = memory_figures(run.accelerator.device)  # before freeing: the memory as it ran out
         free_memory(run)
         rows = min((batch_rows(m) for m in micro), default=0)
         if self.recovered >= self.retries:
@@ -116,14 +141,26 @@ class OomRecovery:
         self.recovered += 1
         args = run.args
         run.current_gradient_accumulation_steps = args.gradient_accumulation_steps * self.split
-        memory = _memory_figures(run.accelerator.device)
         record = {"step": run.state.global_step, "time": time.time(), "micro_batch_split": self.split,
                   "reason": (f"out of memory in {where}: micro-batch {rows} -> {rows // self.split} rows, "
                              f"gradient accumulation {args.gradient_accumulation_steps * self.split // 2} -> "
-                             f"{args.gradient_accumulation_steps * self.split}" + (f" ({memory})" if memory else ""))}
-        run.workbench_state.live_edits.append(record)
+                             f"{args.gradient_accumulation_steps * self.split} ({figures_text(figures)})"),
+                  "memory": figures}
+        record_edit(run, record)
         log.warning("step %d: %s; the step is redone", run.state.global_step + 1, record["reason"])
         return None
+
+
+    def give_up(self, run: Any, why: str) -> None:
+        """Memory ran out past what :meth:`recover` can do (``why``): say so, record what
+        filled the memory (an ``oom`` event beside the reason), and stop the run with a
+        checkpoint of the last boundary, which a resume with a smaller batch starts from."""
+        step = run.state.global_step
+        log.error("step %d: %s; stopping with a checkpoint of step %d", step + 1, why, step)
+        if run.is_world_process_zero():
+            report = memory_report(unwrap_model(run.model), run.optimizer).to_dict()
+            EventFile(run.args.output_dir).write("oom", step, reason=why, **report)
+        run.control.should_training_stop = run.control.should_save = True
 
 
 def free_memory(run: Any) -> None:
@@ -155,10 +192,26 @@ def oom_flags(model: Any, accelerator: Any, retries: int) -> OomFlags | None:
     return OomFlags(store, accelerator.process_index) if store is not None else None
 
 
-def _memory_figures(device: torch.device) -> str:
-    if device.type != "cuda":
-        return ""
+def memory_figures(device: torch.device) -> dict[str, Any]:
+    """The memory figures an out-of-memory edit carries, in bytes: the device's allocated,
+    peak and total where its allocator counts them (CUDA; MPS: allocated), and this process's
+    host resident set (all a CPU run has)."""
+    figures: dict[str, Any] = {"device": device.type}
+    if device.type == "cuda":
+        figures.update(allocated=torch.cuda.memory_allocated(device), peak=torch.cuda.max_memory_allocated(device),
+                       total=torch.cuda.get_device_properties(device).total_memory)
+    elif device.type == "mps":
+        figures["allocated"] = torch.mps.current_allocated_memory()
+    figures["host_rss"] = host_rss()[0]
+    return figures
+
+
+def figures_text(figures: dict[str, Any]) -> str:
+    """The figures of :func:`memory_figures` as the edit's reason says them, in GiB."""
     gib = 2**30
-    return (f"allocated {torch.cuda.memory_allocated(device) / gib:.2f} GiB, peak "
-            f"{torch.cuda.max_memory_allocated(device) / gib:.2f} GiB of "
-            f"{torch.cuda.get_device_properties(device).total_memory / gib:.2f} GiB")
+    if "total" in figures:
+        return (f"allocated {figures['allocated'] / gib:.2f} GiB, peak {figures['peak'] / gib:.2f} GiB of "
+                f"{figures['total'] / gib:.2f} GiB")
+    if "allocated" in figures:
+        return f"allocated {figures['allocated'] / gib:.2f} GiB"
+    return f"host memory {figures['host_rss'] / gib:.2f} GiB"

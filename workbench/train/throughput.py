@@ -3,7 +3,11 @@ log, and the model FLOP utilisation against the device's peak where it is known.
 
 Tokens are the non-padding tokens the data path already has (``attention_mask`` summed, else
 the input ids counted), accumulated on the device and read back only at logging points, as
-the loss is. FLOP come from ``Trainer.floating_point_ops``: transformers models' own count,
+the loss is. The same count gives the live tokens/s of the dashboard, the panel and ``ctl
+status`` (session/progress.py): samples/s times :attr:`Throughput.tokens_per_sample`, the
+non-padding tokens a sample of the last window. A mask is only read at a logging point, so
+until the first one that figure is unknown (None) for padded batches; batches without a mask
+count their input ids, a host-side number, known from the first micro-batch. FLOP come from ``Trainer.floating_point_ops``: transformers models' own count,
 or 6 x parameters x tokens (forward and backward) for a model that counts its parameters;
 a model with neither has no FLOP figure and no MFU. The peak is a table of common
 accelerators' dense bf16/fp16 (tf32 for float32) tensor throughput, or the ``[health]
@@ -62,6 +66,8 @@ class Throughput:
     def __init__(self) -> None:
         self.peak_tflops: float | None = None
         self.latest: dict[str, float] = {}  # the newest rates (the Session and events.jsonl read them)
+        # Non-padding tokens a sample in the last window: the live tokens/s is samples/s times it.
+        self.tokens_per_sample: float | None = None
         self._tokens: torch.Tensor | None = None
         self._counted = False
         self._samples = 0
@@ -73,6 +79,7 @@ class Throughput:
         self.peak_tflops = peak_tflops
         self._tokens = torch.zeros((), dtype=torch.long, device=device)
         self._counted, self._samples, self._flos = False, 0, 0.0
+        self.tokens_per_sample = None
         self._since = time.perf_counter()
 
     def add(self, inputs: Any, samples: int, flos: float) -> None:
@@ -82,11 +89,15 @@ class Throughput:
         if isinstance(inputs, Mapping) and self._tokens is not None:
             mask = inputs.get("attention_mask")
             if isinstance(mask, torch.Tensor):
-                self._tokens += mask.sum().to(self._tokens.device)
-                self._counted = True
+                tokens: torch.Tensor | int = mask.sum().to(self._tokens.device)
             elif isinstance(inputs.get("input_ids"), torch.Tensor):
-                self._tokens += inputs["input_ids"].numel()
-                self._counted = True
+                tokens = inputs["input_ids"].numel()
+            else:
+                return
+            self._tokens += tokens
+            self._counted = True
+            if self.tokens_per_sample is None and samples and isinstance(tokens, int):
+                self.tokens_per_sample = tokens / samples  # input ids counted on the host: no sync
 
     def window(self, exclude_seconds: float = 0.0) -> dict[str, float]:
         """Rates since the last window (a logging point: reading the tokens is a host sync).
@@ -98,7 +109,10 @@ class Throughput:
         seconds = max(now - self._since - exclude_seconds, 1e-9)
         out: dict[str, float] = {"train_samples_per_second": round(self._samples / seconds, 3)}
         if self._counted and self._tokens is not None:
-            out["train_tokens_per_second"] = round(int(self._tokens) / seconds, 3)
+            tokens = int(self._tokens)
+            out["train_tokens_per_second"] = round(tokens / seconds, 3)
+            if self._samples:
+                self.tokens_per_sample = tokens / self._samples
             self._tokens.zero_()
         if self._flos:
             out["train_flops_per_second"] = self._flos / seconds

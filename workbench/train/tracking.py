@@ -52,8 +52,10 @@ class EventLogCallback(TrainerCallback):
         out = self._out(args, state)
         if out and logs and not any(k.startswith(("eval_", "test_")) for k in logs):
             # The rates go into the record, not into HF's log_history (kept as transformers has it).
+            # They win over HF's cumulative train_tokens_per_second (include_num_input_tokens_seen:
+            # since the start, idle time included), so the record says what the snapshot and ctl say.
             rates = self.throughput.latest if self.throughput is not None and "loss" in logs else {}
-            out.write("log", state.global_step, **{**rates, **logs})
+            out.write("log", state.global_step, **{**logs, **rates})
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         out = self._out(args, state)
@@ -77,6 +79,8 @@ class EventLogCallback(TrainerCallback):
             stop = self.stop if self.stop is not None and self.stop.is_set() else None
             reason, saved = (stop.reason, bool(stop.save)) if stop is not None else (None, True)
             ledger = {"time_ledger": self.ledger.summary()} if self.ledger is not None else {}
+            if ledger and self.ledger.by_rank:  # several ranks: each one's, gathered as the loop ended
+                ledger["time_ledger_ranks"] = {**self.ledger.by_rank, "0": ledger["time_ledger"]}
             out.write("end", state.global_step, epoch=state.epoch, status=status, stop_reason=reason, saved=saved,
                       exit_code=run_exit_code(status, reason, saved), pid=os.getpid(), **ledger)
 
@@ -170,7 +174,8 @@ SINKS: dict[str, type[TrainerCallback] | None] = {
 
 def reporting_callbacks(args, stop: Any = None, ledger: Any = None, throughput: Any = None) -> list[TrainerCallback]:
     """The sinks for ``args.report_to``; the events.jsonl log is always on (``stop``: the
-    trainer's stop decision, which its end record reports with the ``ledger``'s summary)."""
+    trainer's stop decision, which its end record reports with the ``ledger``'s summary and,
+    with several ranks, each rank's)."""
     import importlib.util
 
     callbacks: list[TrainerCallback] = [EventLogCallback(stop, ledger, throughput)]

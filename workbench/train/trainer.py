@@ -112,6 +112,7 @@ class Trainer(TrainerData, TrainerOptimizer, TrainerReports, TrainerLoss, Run):
             raise TypeError(f"health: expected a workbench Health, got {type(health).__name__}")
         self.health = health if health is not None else Health()
         self.health_listeners = []
+        self.edit_listeners = []  # core/edits.py record_edit: a Session's snapshot and events hear the run's edits
         # workbench: the Session training this Trainer, if any; it then owns the control
         # endpoint, and train() does not serve one of its own (args.control, workbench/core/serving.py).
         self.control_owner: Any = None
