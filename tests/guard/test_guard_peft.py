@@ -118,6 +118,11 @@ def test_a_lora_point_restores_the_adapter_and_leaves_the_base(finetune_workspac
     assert all(torch.equal(saved[n], p) for n, p in _adapter(model).items())
     # the very same frozen tensors, never copied out or in
     assert all(p is base[n] for n, p in model.named_parameters() if not p.requires_grad)
+    # A fork's memory figure (checked against the limit before it starts) is what its
+    # boundaries, rollback points, really hold: the adapter, not the base.
+    from workbench.train.forking import Boundary, fork_memory
+
+    assert fork_memory(trainer) == Boundary.take(trainer).nbytes < _nbytes(model.state_dict()) / 10
 
 
 def test_a_plain_model_point_holds_its_whole_state_dict(tmp_path):
@@ -126,3 +131,6 @@ def test_a_plain_model_point_holds_its_whole_state_dict(tmp_path):
     state = unwrap_model(trainer.model).state_dict()
     assert point.model.keys() == state.keys()
     assert all(torch.equal(point.model[k], state[k]) for k in state)
+    from workbench.train.forking import Boundary, fork_memory
+
+    assert fork_memory(trainer) == Boundary.take(trainer).nbytes

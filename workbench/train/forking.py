@@ -40,7 +40,7 @@ import torch
 
 from workbench.core.rng import rng_preserved
 from workbench.core.trainer_utils import unwrap_model
-from workbench.guard.ring import RollbackPoint
+from workbench.guard.ring import RollbackPoint, rollback_weights
 from workbench.train.loop import batch_size, next_micro_batches
 
 if TYPE_CHECKING:
@@ -120,10 +120,11 @@ def _nbytes(obj: Any) -> int:
 
 def fork_memory(run: "Run") -> int:
     """Host bytes one copy of the run's state takes (weights and optimizer state, as they are
-    now): a fork of k variants holds k + 1 of them (the pause point and each variant's end)."""
+    now): a fork of k variants holds k + 1 of them (the pause point and each variant's end).
+    The weights are those a rollback point copies: a LoRA model's adapter, not its base."""
     model = unwrap_model(run.model)
     optimizer = getattr(run.optimizer, "optimizer", run.optimizer)
-    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    weights = sum(t.numel() * t.element_size() for t in rollback_weights(model).values())
     state = _nbytes(optimizer.state_dict()["state"]) if optimizer is not None else 0
     return weights + state
 
