@@ -88,6 +88,16 @@ class Chart(PlotextPlot):
         self._version += 1
         return super().refresh(*args, **kwargs)
 
+    def _redraw(self, *drawn: object) -> bool:
+        """Whether the chart must be drawn again for ``drawn`` (what it shows) at its size;
+        if so, remembers it and clears the canvas. Polls redraw nothing when nothing changed."""
+        key = (*drawn, self.size)
+        if key == self._key:
+            return False
+        self._key = key
+        self._begin()
+        return True
+
     def _begin(self) -> None:
         plt = self.plt
         plt.clear_figure()
@@ -117,11 +127,8 @@ class LossChart(Chart):
         train = series.get("loss", ())
         evals = series.get("eval_loss", ())
         marks = tuple((i.step, i.kind) for i in interventions)
-        key = (train, evals, log_scale, smoothing, marks, self.size)
-        if key == self._key:
+        if not self._redraw(train, evals, log_scale, smoothing, marks):
             return
-        self._key = key
-        self._begin()
         plt = self.plt
         width = self._max_points()
         raw = downsample(train, width)
@@ -169,11 +176,8 @@ class RateChart(Chart):
         lr = series.get("learning_rate", ())
         grad = series.get("grad_norm", ())
         plan = tuple(plan)
-        key = (lr, grad, plan, self.size)
-        if key == self._key:
+        if not self._redraw(lr, grad, plan):
             return
-        self._key = key
-        self._begin()
         plt = self.plt
         width = self._max_points()
         lr_pts = [p for p in downsample(lr, width) if math.isfinite(p[1])]
@@ -209,11 +213,8 @@ class PlanChart(Chart):
 
     def show(self, now: Sequence[Point], proposed: Sequence[Point] = ()) -> None:
         """Draw the current plan and, if given, the proposed one."""
-        key = (tuple(now), tuple(proposed), self.size)
-        if key == self._key:
+        if not self._redraw(tuple(now), tuple(proposed)):
             return
-        self._key = key
-        self._begin()
         plt = self.plt
         width = self._max_points()
         drawn: list[Point] = []

@@ -45,12 +45,9 @@ class ForkChart(Chart):
         and ``evals`` (fork_view.fork_eval_series, the same names), kept in ``plotted`` as
         ``"eval NAME"``."""
         evals = evals or {}
-        key = (tuple((k, tuple(v)) for k, v in series.items()), tuple((k, tuple(v)) for k, v in evals.items()),
-               self.size)
-        if key == self._key:
+        if not self._redraw(tuple((k, tuple(v)) for k, v in series.items()),
+                            tuple((k, tuple(v)) for k, v in evals.items())):
             return
-        self._key = key
-        self._begin()
         plt, drawn = self.plt, []
         colors = {}
         for i, (name, points) in enumerate(series.items()):
