@@ -15,6 +15,11 @@
    points (the ratio shows it costs nothing there).
 
 Usage: python benchmarks/finetune.py [--steps N] [--repeats R] [--hidden H] [--layers L]
+
+Measured with the defaults on 2 shared CPU cores (a test suite running beside it):
+    full fine-tuning    21.3 steps/s  optimizer 19.27 MiB  checkpoint 28.97 MiB  peak RSS 530.21 MiB
+    LoRA r=8 (q,k,v,o)  27.0 (1.26x)  optimizer  0.44 MiB  checkpoint  0.73 MiB  peak RSS 515.53 MiB
+    a sample point 14 ms median; steps between sample points 41.89 vs 44.08 ms without (0.95)
 """
 
 from __future__ import annotations
