@@ -34,9 +34,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["OomFlags", "rendezvous_store"]
+__all__ = ["OomFlags", "EvalOomFlags", "rendezvous_store"]
 
 _KEY = "workbench/oom/{step}/{attempt}"
+_EVAL_KEY = "workbench/eval-oom/{evaluation}"
 
 
 def rendezvous_store() -> Any:
@@ -68,3 +69,30 @@ class OomFlags:
         if not self.store.check([key]):
             return None
         return json.loads(self.store.get(key))
+
+
+class EvalOomFlags:
+    """The cuts ranks made to their evaluation batches during one evaluation, read by all of
+    them once it ends (module docstring: no rank waits on this)."""
+
+    def __init__(self, store: Any, rank: int, world_size: int) -> None:
+        self.store, self.rank, self.world_size = store, rank, world_size
+
+    def raise_flag(self, evaluation: int, cut: dict[str, Any]) -> None:
+        """This rank cut its batches in ``evaluation`` (the process's count of evaluations, the
+        same on every rank): ``cut`` (JSON-able: the split, rows, memory figures). Its own key
+        first, then the evaluation's marker, so a reader that sees the marker finds the cut."""
+        key = _EVAL_KEY.format(evaluation=evaluation)
+        self.store.set(f"{key}/{self.rank}", json.dumps({**cut, "rank": self.rank}))
+        self.store.set(key, str(self.rank))
+
+    def read(self, evaluation: int) -> list[dict[str, Any]]:
+        """Every rank's cut in ``evaluation`` (rank order), or [] (then it costs one look-up);
+        read after the evaluation's last gather. An evaluation that gathered nothing after a cut
+        gives no such order: a read may miss it, and the ranks then cut apart, which changes
+        no result (each rank's own cut holds)."""
+        key = _EVAL_KEY.format(evaluation=evaluation)
+        if not self.store.check([key]):
+            return []
+        keys = [f"{key}/{rank}" for rank in range(self.world_size)]
+        return [json.loads(self.store.get(k)) for k in keys if self.store.check([k])]

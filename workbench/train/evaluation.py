@@ -4,7 +4,8 @@ Per batch: loss, logits and labels are gathered across processes (duplicates fro
 uneven last batch dropped by ``gather_for_metrics``), optionally reduced on the device by
 ``preprocess_logits_for_metrics``, and held on the device until ``eval_accumulation_steps``
 batches have passed, when they move to the CPU. Tensors of different sequence lengths are
-padded with -100 before concatenation.
+padded with -100 before concatenation. A batch that runs out of memory is computed again in
+parts, for evaluation only (train/eval_oom.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from workbench.core.trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, has_length, speed_metrics, unwrap_model
 from workbench.core.run import Run
+from workbench.train.eval_oom import EvalCuts
 
 
 __all__ = ["evaluate", "predict", "evaluation_loop", "concat_batches", "pad_and_concat", "nested_to_cpu"]
@@ -146,60 +148,6 @@ def _head(inputs: Any, n: int, batch_size: int) -> Any:
     return inputs
 
 
-def _predict_fitting(trainer: Run, model: Any, inputs: Any, loss_only: bool, ignore_keys: Any) -> tuple:
-    """``prediction_step``, with a batch that runs out of memory cut in half (and, from then
-    on, every evaluation batch: ``trainer._eval_split``); the training batch is never touched.
-    One process only: with several, a rank redoing a batch alone would leave the others'
-    gathers waiting."""
-    from workbench.train.oom import batch_rows, is_out_of_memory, split_batch
-
-    split = getattr(trainer, "_eval_split", 1)
-    while True:
-        try:
-            if split == 1 or batch_rows(inputs) < split:
-                return trainer.prediction_step(model, inputs, loss_only, ignore_keys=ignore_keys)
-            parts = [trainer.prediction_step(model, piece, loss_only, ignore_keys=ignore_keys)
-                     for piece in split_batch(inputs, split)]
-            return _joined(parts, [batch_rows(p) for p in split_batch(inputs, split)])
-        except torch.OutOfMemoryError as exc:
-            if not is_out_of_memory(exc) or trainer.accelerator.num_processes > 1 or batch_rows(inputs) < split * 2:
-                raise
-            split *= 2
-            trainer._eval_split = split
-            import logging
-
-            logging.getLogger("workbench").warning("evaluation ran out of memory: its batches are cut into %d parts "
-                                                   "(training keeps its batch size)", split)
-            _free(trainer)
-
-
-def _joined(parts: list[tuple], rows: list[int]) -> tuple:
-    """(loss, logits, labels) of a batch from its pieces': the row-weighted mean loss, the
-    rest concatenated along the batch."""
-    losses = [p[0] for p in parts]
-    loss = None
-    if all(x is not None for x in losses):
-        loss = sum(x * r for x, r in zip(losses, rows)) / sum(rows)
-
-    def cat(values: list[Any]) -> Any:
-        if any(v is None for v in values):
-            return None
-        if isinstance(values[0], (tuple, list)):
-            return type(values[0])(cat(list(group)) for group in zip(*values))
-        return torch.cat(values, dim=0)
-
-    return loss, cat([p[1] for p in parts]), cat([p[2] for p in parts])
-
-
-def _free(trainer: Run) -> None:
-    import gc
-
-    gc.collect()
-    backend = getattr(torch, trainer.accelerator.device.type, None)
-    if callable(getattr(backend, "empty_cache", None)):
-        backend.empty_cache()
-
-
 def evaluation_loop(trainer: Run, dataloader, description: str, prediction_loss_only: bool | None = None,
                     ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
     """Run the model over ``dataloader`` and compute metrics (HF's evaluation_loop).
@@ -235,11 +183,14 @@ def evaluation_loop(trainer: Run, dataloader, description: str, prediction_loss_
     metrics: dict[str, Any] | None = None
     n_batches = len(dataloader) if has_length(dataloader) else None
     ledger = getattr(trainer, "ledger", None)
+    # A batch that runs out of memory is cut for evaluation only, and on this rank alone:
+    # its pieces are joined before the gathers below, which so stay one a batch (eval_oom.py).
+    cuts = EvalCuts(trainer)
     for step, inputs in enumerate(dataloader):
         batch_size = _batch_size(inputs)
         num_samples_batch = batch_size
         with precision:
-            loss, logits, labels = _predict_fitting(trainer, model, inputs, loss_only, ignore_keys)
+            loss, logits, labels = cuts.predict(model, inputs, loss_only, ignore_keys)
         main_input = inputs.get(getattr(unwrap_model(trainer.model), "main_input_name", "input_ids")) \
             if include_inputs and isinstance(inputs, Mapping) else None
         if loss is not None:
@@ -249,8 +200,7 @@ def evaluation_loop(trainer: Run, dataloader, description: str, prediction_loss_
                 # has one; gather_for_metrics drops their rows, but the batch's mean loss
                 # still counted them. Recompute it over the real rows (one batch per eval).
                 with precision:
-                    loss = trainer.prediction_step(model, _head(inputs, real, batch_size), True,
-                                                   ignore_keys=ignore_keys)[0]
+                    loss = cuts.predict(model, _head(inputs, real, batch_size), True, ignore_keys)[0]
             batch_losses = acc.gather_for_metrics(loss.repeat(batch_size))
             losses_for_mean.append(batch_losses)
             num_samples_batch = batch_losses.numel()
@@ -291,6 +241,7 @@ def evaluation_loop(trainer: Run, dataloader, description: str, prediction_loss_
             # rather than after the remaining batches.
             interrupted = True
             break
+    cuts.settle()  # after the last gather: every rank's cuts, agreed for the evaluations after
     # Bytes of predictions/labels/inputs/losses held on the device at the worst moment:
     # what eval_accumulation_steps and preprocess_logits_for_metrics exist to bound.
     trainer.eval_peak_device_bytes = sum(part.peak_device_bytes for part in parts.values())

@@ -11,7 +11,7 @@ edit is (core/edits.py ``record_edit``: an ``edit`` event, and a Session's snaps
 ``edited`` event), which a checkpoint carries and a resume puts back; a resume's memory
 forecast compares the pieces so cut. After ``oom_retries`` recoveries, or when a
 micro-batch cannot be cut further, the run stops with a checkpoint and says why. An
-evaluation batch that does not fit is cut in half the same way, for evaluation only.
+evaluation batch that does not fit is cut in half too, for evaluation only (train/eval_oom.py).
 
 With several DDP ranks, one rank's error is everyone's: that rank flags it and joins the rest
 of the step's collectives, every rank reads the flag after the gradients' all-reduce, and
