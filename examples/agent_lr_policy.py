@@ -2,14 +2,16 @@
 
     workbench run examples/mlp.toml --headless &      # any run (control is on by default)
     python examples/agent_lr_policy.py runs/mlp --patience 3
-    python examples/agent_lr_policy.py runs/mlp --dry-run   # only print what it would change
+    python examples/agent_lr_policy.py runs/mlp --dry-run   # only propose: a person decides
 
 It attaches to the run (``workbench.attach``) and runs the autopilot's plateau policy on it
 (``workbench.autopilot``): when the evaluation loss has not improved for ``patience``
 evaluations in a row, the learning rate is halved through ``set(lr_scale=0.5, reason=...)``,
 within limits (only ``lr_scale``, only 0.5, at most ``max_cuts`` times). The run records
 every decision with its reason as a live edit (in events.jsonl and the next checkpoint);
-only the public client is used, and the run checks every edit itself.
+only the public client is used, and the run checks every edit itself. With ``--dry-run`` each
+change is only proposed, on the run: a person accepts or rejects it from the dashboard (``o``),
+the notebook panel or ``workbench ctl runs/mlp accept N``, and the agent follows the answer.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def main() -> None:
     parser.add_argument("--patience", type=int, default=3, help="evaluations without improvement before a cut")
     parser.add_argument("--min-delta", type=float, default=0.0, help="the smallest change that counts as better")
     parser.add_argument("--max-cuts", type=int, default=5)
-    parser.add_argument("--dry-run", action="store_true", help="only print what it would change (nothing is sent)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="only propose each change on the run, for a person to accept or reject")
     ns = parser.parse_args()
     decisions = watch_and_steer(ns.target, ns.patience, ns.min_delta, ns.max_cuts, ns.dry_run)
     print(f"{len(decisions)} change(s) applied")

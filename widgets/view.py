@@ -17,7 +17,7 @@ from typing import Any
 
 from workbench.door.endings import describe_end, describe_end_record
 from workbench.door.values import ENDED, Status, goodput_line
-from workbench.door.values import edit_changes, is_timing_metric
+from workbench.door.values import describe_proposal_event, edit_changes, is_timing_metric
 
 __all__ = [
     "TERMINAL",
@@ -371,6 +371,8 @@ def describe_event(kind: str, step: int, data: dict[str, Any]) -> tuple[str, str
         changes = " ".join(f"{k}={edit_text(k, v)}" for k, v in edit_changes(data).items())
         why = f" ({data['reason']})" if data.get("reason") else ""  # an agent's decision says why
         return "info", f"step {step}: set {changes}{why}"
+    if kind in ("proposal", "proposal_decided"):  # a change proposed to the run, and what became of it
+        return describe_proposal_event(kind, step, data)
     if kind == "started":
         return "info", f"step {step}: started, {data.get('max_steps', '?')} steps"
     if kind == "deleted":
@@ -399,6 +401,8 @@ def describe_event(kind: str, step: int, data: dict[str, Any]) -> tuple[str, str
     if kind == "straggler":
         return "warn", (f"step {step}: straggler: rank {data.get('rank')} takes {data.get('factor')}x the other "
                         "ranks' time for its own work")
+    if kind == "eval_oom":  # evaluation batches cut: the training batch is untouched
+        return "warn", f"step {step}: {data.get('reason') or 'out of memory in evaluation'}"
     return "info", f"step {step}: {kind}"
 
 

@@ -114,6 +114,11 @@ def test_dry_run_changes_nothing_until_accepted(tmp_path, sessions):
     # Three more flat evaluations: a newer proposal replaces the waiting one; nothing is sent.
     wait_until(lambda: pilot.proposals() and pilot.proposals()[0].id != first.id, "a newer proposal")
     assert pilot.decisions[first.id - 1].state == "superseded"
+    # Each proposal is on the run too, for any front-end; the run's copy of a replaced one is withdrawn.
+    wait_until(lambda: session.proposals()[0].state == "rejected", "the run's copy of the replaced proposal withdrawn")
+    assert session.proposals()[0].decision.startswith("superseded by the autopilot's #")
+    wait_until(lambda: [p.id for p in session.proposals() if p.pending] == [pilot.proposals()[0].published],
+               "the newer proposal on the run, alone")
     assert edits(session) == [] and session.trainer.lr_scheduler.base_lrs == [1e-2]
     proposal = pilot.proposals()[0]
     with pytest.raises(ValueError, match="not a proposal"):
@@ -121,7 +126,10 @@ def test_dry_run_changes_nothing_until_accepted(tmp_path, sessions):
     pilot.accept(proposal.id)
     wait_until(lambda: len(edits(session)) == 1, "the accepted change to land")
     wait_until(lambda: pilot.decisions[proposal.id - 1].state == "applied", "the decision to settle")
-    assert edits(session)[0]["reason"].startswith("autopilot/plateau (accepted): eval_score 0.7 ")
+    # Accepted on the run (the proposal was put there): the edit's reason names the proposal and its source.
+    assert edits(session)[0]["reason"].startswith(
+        f"accepted proposal {proposal.published} from autopilot/plateau: eval_score 0.7 ")
+    assert pilot.decisions[proposal.id - 1].sent == edits(session)[0]["reason"]
     assert session.trainer.lr_scheduler.base_lrs == [pytest.approx(5e-3)]
     wait_until(lambda: pilot.proposals(), "another proposal")
     rejected = pilot.reject(pilot.proposals()[0].id, "not now")

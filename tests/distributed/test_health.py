@@ -167,7 +167,7 @@ def test_a_hang_in_a_callback_an_evaluation_or_a_save_is_reported_cleared_and_re
     # Found past the timeout, while it stood (each hang comes before its clearing, above); a beat
     # at the stall's very end, with the watchdog starved on a loaded machine, reads ~3 s.
     hangs = [r["seconds"] for k, r in heard if k == "hang"]
-    assert all(1.0 < seconds < 4.0 for seconds in hangs), hangs
+    assert all(1.0 <= seconds < 4.0 for seconds in hangs), hangs  # seconds are rounded to 0.1
 
 
 def _beat(step, phase, in_phase, age=0.0, now=100.0):

@@ -69,9 +69,9 @@ class Panel(w.VBox):
     (train/eval loss; learning rate and grad norm); tabs Metrics, Memory, Checkpoints
     (resume from, delete, branch), Events, Samples (each prompt of the run's ``[samples]``,
     then its answers newest first), Guard (the guard's interventions, also marked on the
-    loss chart); and below, the panels of runs branched from here. With ``autopilot`` (an
-    Autopilot steering the run from this kernel), a last tab lists its decisions and lets a
-    person accept or reject its proposals.
+    loss chart), Schedule, Fork, Autopilot (the changes proposed to the run, from any client, to
+    accept or reject; with ``autopilot``, an Autopilot steering the run from this kernel, its
+    decisions too); and below, the panels of runs branched from here.
     """
 
     def __init__(self, session: SessionLike, interval: float = MIN_INTERVAL, autostart: bool = True,
@@ -156,11 +156,10 @@ class Panel(w.VBox):
                                  layout=w.Layout(flex_flow="row wrap", align_items="center"))])
         self.schedule = ScheduleTab(self)  # issue 28: changes of the schedule's shape, previewed
         self.forks = ForkTab(self)  # issue 28: A/B forks from the pause
-        # issue 28: an autopilot's proposals (accept, reject) and decisions
-        self.autopilot = AutopilotTab(self, autopilot) if autopilot is not None else None
+        # issue 28: the run's proposals (accept, reject), and an in-kernel autopilot's decisions
+        self.autopilot = AutopilotTab(self, autopilot)
         self.tabs = w.Tab(children=[w.VBox([self.metrics, self.evaluations]), self.memory, browser, self.events,
-                                    self.samples, self.guard, self.schedule.box, self.forks.box,
-                                    *([self.autopilot.box] if self.autopilot else [])])
+                                    self.samples, self.guard, self.schedule.box, self.forks.box, self.autopilot.box])
         self.tabs.titles = self._tab_titles(())
         self.branch_box = w.VBox()
 
@@ -172,7 +171,7 @@ class Panel(w.VBox):
         self._owned: list[w.Widget] = [*self._text_widgets, self.lr_apply, self.branch_dir, self.branch_lr,
                                        controls, charts, browser, self.branch_box,
                                        *browser.children[1:], *controls.children[4:5], *self.schedule.widgets,
-                                       *self.forks.widgets, *(self.autopilot.widgets if self.autopilot else [])]
+                                       *self.forks.widgets, *self.autopilot.widgets]
         self.pause_button.on_click(self._guard(self._on_pause))
         self.save_button.on_click(self._guard(self._on_save))
         self.evaluate_button.on_click(self._guard(self._on_evaluate))
@@ -257,7 +256,7 @@ class Panel(w.VBox):
             snap = self.session.snapshot()
             self._adopt_successor()
             log_changed = self._drain_events()
-            if snap is self._last and not log_changed and not (self.autopilot and self.autopilot.stale):
+            if snap is self._last and not log_changed and not self.autopilot.stale:
                 return
             self._last = snap
             widgets = [*self._text_widgets, *self.loss_chart.widgets, *self.lr_chart.widgets]
@@ -363,8 +362,7 @@ class Panel(w.VBox):
         if self._changed("interventions", interventions):
             self.loss_chart.set_marks([(i.step, GUARD_COLORS.get(i.kind, "#888888")) for i in interventions])
             self.guard.value = interventions_html(interventions, GUARD_COLORS)
-        if self.autopilot is not None:
-            self.autopilot.show()
+        self.autopilot.show(getattr(snap, "proposals", ()))
         titles = self._tab_titles(interventions)
         if tuple(self.tabs.titles) != titles:
             self.tabs.titles = titles
@@ -374,9 +372,7 @@ class Panel(w.VBox):
         prompts = len(self.sample_book.prompts())
         titles = ("Metrics", "Memory", "Checkpoints", "Events", f"Samples ({prompts})" if prompts else "Samples",
                   f"Guard ({len(interventions)})" if interventions else "Guard", "Schedule", "Fork")
-        if getattr(self, "autopilot", None) is None:
-            return titles
-        pending = self.autopilot.pending
+        pending = self.autopilot.pending  # proposals waiting for an answer
         return (*titles, f"Autopilot ({pending})" if pending else "Autopilot")
 
     def _update_checkpoint_options(self, checkpoints: Any) -> None:

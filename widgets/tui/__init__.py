@@ -21,7 +21,8 @@ def run_dashboard(session: SessionLike, *, handle_signals: bool = True, attached
     ``attached``: the run lives elsewhere (``workbench attach``): q detaches, leaving it running.
     ``read_only``: ``workbench watch``: no steering key is offered, q leaves.
     ``autopilot``: an Autopilot (workbench.autopilot) steering the run from this process: its
-    decisions are logged, and o shows its proposals to accept or reject.
+    decisions are logged, and o shows them with its proposals to accept or reject (without one,
+    o lists the proposals published to the run by anyone, once it has one).
     The outcome is one of ``OUTCOMES``; the CLI gives each its exit code (0 finished or
     saved, 130 stopped or interrupted, 143 SIGTERM, 1 failed or crashed).
     """

@@ -96,7 +96,7 @@ class DashboardApp(App[str]):
                  autopilot: Any = None) -> None:
         super().__init__()
         # An Autopilot (workbench.autopilot) steering this run from this process: its decisions
-        # are logged, o shows its proposals to accept or reject.
+        # are logged, o shows its proposals to accept or reject (and the run's, from anyone).
         self.autopilot = autopilot
         self._autopilot_view = AutopilotWatcher(autopilot)
         self.attached = attached  # the run lives elsewhere: leaving detaches, stopping is a choice
@@ -177,7 +177,7 @@ class DashboardApp(App[str]):
                 screen.show(snap.fork)
             elif isinstance(screen, QuitDialog):  # the step it names is the step a stop chosen now takes
                 screen.set_step(snap.step)
-        self._autopilot_view.poll(self)
+        self._autopilot_view.poll(self, snap)
         # The snapshot's status, not session.status: for a run in another process each of
         # those is a round trip, and this runs several times a second.
         ended = snap.status in TERMINAL
@@ -317,8 +317,8 @@ class DashboardApp(App[str]):
             self.push_screen(ForkScreen())
 
     def action_autopilot(self) -> None:
-        """Open the autopilot's proposals and decisions (given with ``autopilot=``)."""
-        if self.autopilot is not None and not isinstance(self.screen, AutopilotScreen):
+        """Open the proposals: the run's (from any client) and an in-process autopilot's decisions."""
+        if self.check_action("autopilot", ()) and not isinstance(self.screen, AutopilotScreen):
             self.push_screen(AutopilotScreen(self.autopilot))
 
     def action_help(self) -> None:
@@ -330,8 +330,8 @@ class DashboardApp(App[str]):
         """A read-only dashboard (``workbench watch``) neither offers nor runs the steering keys."""
         if self.read_only and action in _STEERING:
             return False
-        if action == "autopilot":  # the o key exists with an autopilot only
-            return self.autopilot is not None
+        if action == "autopilot":  # the o key: with an autopilot here, or once the run has had a proposal
+            return self.autopilot is not None or self._autopilot_view.has_proposals
         return True
 
     def action_request_quit(self) -> None:

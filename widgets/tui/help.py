@@ -36,8 +36,8 @@ _SECTIONS: list[tuple[str, list[tuple[str | None, str, str]]]] = [
               "(the panel appears with the first ones; [samples])", _ALL),
         ("f", "fork: A/B variants from the pause, each trained on the\n"
               "same batches; then keep one or discard the fork", _STEER),
-        ("o", "autopilot (when one steers the run): its proposals and\n"
-              "decisions; y / enter accepts a proposal, n rejects it", _STEER),
+        ("o", "proposals (once the run has one, or an autopilot steers\n"
+              "from here): y / enter accepts one, n rejects it", _STEER),
         ("q", "quit: stop and save (enter), stop without saving,\n"
               "or cancel (escape); a finished run quits at once", _STEER),
         ("ctrl+c", "stop and save, then exit (twice: exit at once)", _STEER),

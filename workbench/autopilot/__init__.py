@@ -4,7 +4,8 @@
 any SessionLike (a local Session, or a run attached to) as a client: it reads events and
 snapshots, checks each change a policy asks for against the limits (which keys, which
 ranges, how many changes per how many steps), and sends it with its reason, or only proposes
-it (``dry_run=True``) for a person to accept in the dashboard, the panel or a script. With
+it (``dry_run=True``) on the run, for a person to accept wherever they watch it (the dashboard,
+the panel, ``workbench ctl``, a script), in any process. With
 ``revert_after``, a change that leaves the watched metric worse is undone. Importing it
 imports neither torch nor a front-end library.
 """

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.core.edits import EDITABLE
-from workbench.core.schedule_edits import SCHEDULE_OPS, parse_schedule, schedule_label
+from workbench.core.schedule_edits import SCHEDULE_OPS, parse_schedule
+from workbench.door.proposals import describe_changes  # noqa: F401 - part of this module's API (the door has the one copy)
 
 __all__ = ["Action", "Limits", "Range", "describe_changes"]
 
@@ -33,21 +34,6 @@ class Action:
 
     changes: Mapping[str, Any]
     reason: str
-
-
-def describe_changes(changes: Mapping[str, Any]) -> str:
-    """Changes as one short phrase (``lr_scale=0.5``, ``decay_now steps=200 ...``) for the
-    decision log, the dashboard and the panel."""
-    parts = []
-    for key, value in changes.items():
-        if key == "schedule":
-            try:
-                parts.append(schedule_label(parse_schedule(value)))
-            except ValueError:
-                parts.append(f"schedule={value!r}")
-        else:
-            parts.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value!r}")
-    return ", ".join(parts) or "(nothing)"
 
 
 def _range(name: str, value: Any) -> Range:

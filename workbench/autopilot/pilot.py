@@ -8,8 +8,11 @@ thread (``start``), or wherever ``step()`` is called.
 Every decision is kept (``decisions``): a change the limits refuse is recorded with its
 one-line reason and never sent; a change sent is a live edit whose reason names the
 autopilot and the policy (``autopilot/plateau: eval_loss ... has not improved ...``). In
-dry-run mode a change is only *proposed*: the dashboard and the panel (given the autopilot)
-show it, and ``accept(id)`` sends it or ``reject(id)`` drops it. With ``revert_after=W``, a
+dry-run mode a change is only *proposed*, and the proposal is put on the run itself
+(``session.propose``, run_proposals.py): every front-end on the run lists it, in any process,
+and whoever is attached accepts or rejects it there; the autopilot follows that decision (an
+accepted proposal is its change sent). ``accept(id)`` and ``reject(id)`` decide it from here,
+on the run too. With ``revert_after=W``, a
 change is watched for W evaluations; if the watched metric is then worse than before it by
 more than ``revert_margin`` (relative), the change is undone (``revert: ...``), and while
 one is watched, the policies' new changes are held so each is judged alone.
@@ -18,6 +21,7 @@ one is watched, the policies' new changes are held so each is judged alone.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +31,7 @@ from typing import Any
 
 from workbench.autopilot.limits import Action, Limits, describe_changes
 from workbench.autopilot.policies import Observation, Policy, metric_values
+from workbench.autopilot.run_proposals import RunProposals
 from workbench.core.edits import MAX_REASON
 from workbench.core.schedule_edits import parse_schedule
 from workbench.door.protocol import SessionLike
@@ -37,9 +42,10 @@ __all__ = ["Autopilot", "Decision", "DECISION_STATES"]
 log = logging.getLogger("workbench.autopilot")
 
 # What became of a decision. "proposed": waiting for a person (dry run); "sent": the run has
-# it; "applied": the run made it (a live edit); "refused": outside the limits, never sent;
-# "held": a change was being watched, never sent; "failed": the run refused it; "rejected": a
-# person said no; "superseded": a newer proposal of the same policy took its place.
+# it (sent, or a proposal accepted); "applied": the run made it (a live edit); "refused":
+# outside the limits, never sent; "held": a change was being watched, never sent; "failed":
+# the run refused it; "rejected": a person said no; "superseded": a newer proposal of the same
+# policy took its place.
 DECISION_STATES = ("proposed", "sent", "applied", "refused", "held", "failed", "rejected", "superseded")
 
 
@@ -59,6 +65,7 @@ class Decision:
     sent: str | None = None  # the reason as sent, and as the run records it with the edit
     applied: Mapping[str, Any] | None = None  # what the run applied (set()'s answer)
     time: float = field(default_factory=time.time)
+    published: int | None = None  # the run's id of this proposal (session.propose), when it has one
 
     @property
     def change_text(self) -> str:
@@ -82,11 +89,12 @@ class _Watch:
     seen: list[float] = field(default_factory=list)
 
 
-class Autopilot:
+class Autopilot(RunProposals):
     """Run ``policies`` against ``session`` (any SessionLike) within ``limits``.
 
-    ``dry_run``: only propose (``proposals()``, ``accept``, ``reject``). ``watch``/``mode``: the
-    evaluation metric a change is judged by (lower is better unless ``mode="max"``);
+    ``dry_run``: only propose (``proposals()``, ``accept``, ``reject``; each proposal is also
+    put on the run, for anyone attached to decide, when the session has ``propose``).
+    ``watch``/``mode``: the evaluation metric a change is judged by (lower is better unless ``mode="max"``);
     ``revert_after``: evaluations to watch a change for (0: never revert); ``revert_margin``:
     how much worse (a fraction of the value before) counts as worse. ``interval``: seconds
     between polls of ``start()``'s thread. ``name`` starts each reason sent.
@@ -113,6 +121,8 @@ class Autopilot:
         self._decisions: list[Decision] = []
         self._actions: dict[int, tuple[Policy, Action]] = {}
         self._watches: list[_Watch] = []
+        self._published: dict[int, int] = {}  # the run's proposal id -> the decision it is
+        self._inverses: dict[int, Any] = {}  # a published change's undo, taken when it was proposed
         self._latest: float | None = None  # the watched metric's newest value
         self._step = 0
         self._ended = False  # the run had ended at the last poll
@@ -147,11 +157,18 @@ class Autopilot:
         made: list[Decision] = []
         with self._lock:
             self._cursor, self._step, self._ended = cursor, snapshot.step, snapshot.status in ENDED
+        # Proposals decided on the run (by anyone attached) first: an accepted one counts
+        # against the limits before the policies ask again.
+        for event in events:
+            if event.kind == "proposal_decided":
+                self._follow(event.data, event.step)
+        with self._lock:
             for step, value in metric_values(tuple(events), self.watch):
                 made.extend(self._judge(step, value))
                 self._latest = value
-        # Reverts due go out here, outside the lock (a remote call may take a while).
-        made = [self._send(d.id) if d.state == "sent" else d for d in made]
+        # Reverts due go out (or are proposed on the run) here, outside the lock (a remote call may take a while).
+        made = [self._send(d.id) if d.state == "sent" else self._publish(d.id) if d.state == "proposed" else d
+                for d in made]
         seen = Observation(snapshot.step, tuple(events), snapshot, self.limits)
         for policy in self.policies:
             action = policy.observe(seen)
@@ -210,7 +227,9 @@ class Autopilot:
     # -- a person's answer (dry run) ----------------------------------------------------------------
 
     def accept(self, decision_id: int) -> Decision:
-        """Send a proposal (checked against the limits again, now); returns its decision."""
+        """Send a proposal (checked against the limits again, now); returns its decision. A
+        proposal on the run is accepted there (the edit's reason: ``accepted proposal N from
+        autopilot/POLICY: ...``); one the run does not have is sent with "(accepted)" in its reason."""
         with self._lock:
             decision = self._proposal(decision_id)
             problem = None if decision.kind == "revert" else (
@@ -218,17 +237,31 @@ class Autopilot:
             if problem:
                 self._update(decision.id, state="refused", note=problem)
                 self._declined(decision.id, problem)
-                return self._get(decision.id)
-            self._update(decision.id, state="sent", step=self._step, note="accepted")
-        return self._send(decision.id)
+            elif decision.published is None:
+                self._update(decision.id, state="sent", step=self._step, note="accepted")
+        if problem:
+            if decision.published is not None:  # the run's copy must not wait for anyone
+                self._withdraw(decision.published, problem)
+            return self._get(decision.id)
+        if decision.published is None:
+            return self._send(decision.id)
+        self._decide_on_run(decision.id, decision.published, True, None)
+        return self._get(decision.id)
 
     def reject(self, decision_id: int, why: str | None = None) -> Decision:
-        """Drop a proposal (nothing is sent)."""
+        """Drop a proposal (nothing is sent); the run's copy is rejected too."""
         with self._lock:
             decision = self._proposal(decision_id)
+        if decision.published is not None:
+            self._decide_on_run(decision.id, decision.published, False, why)
+        with self._lock:
+            decision = self._get(decision_id)
+            if decision.state not in ("proposed", "rejected"):  # decided otherwise on the run meanwhile
+                raise ValueError(f"autopilot: decision #{decision_id} is {decision.state}, not a proposal")
             note = why or "rejected"
+            if decision.state == "proposed":
+                self._declined(decision.id, note)
             self._update(decision.id, state="rejected", note=note)
-            self._declined(decision.id, note)
             return self._get(decision.id)
 
     def _proposal(self, decision_id: int) -> Decision:
@@ -249,16 +282,20 @@ class Autopilot:
                 watch = self._watches[0]
                 state, problem = "held", (f"held: change #{watch.decision} is being watched "
                                           f"({len(watch.seen)} of {self.revert_after} evaluations)")
+            superseded = []  # the run's copies of the proposals replaced, withdrawn once outside the lock
             if state == "proposed":  # a newer proposal of the same policy replaces a waiting one
                 for old in self._decisions:
                     if old.state == "proposed" and old.policy == name and old.kind == "change":
                         self._update(old.id, state="superseded", note=f"replaced by #{len(self._decisions) + 1}")
+                        superseded += [old.published] if old.published is not None else []
             decision = self._add(Decision(len(self._decisions) + 1, step, name, changes, str(action.reason),
                                           state, note=problem))
             self._actions[decision.id] = (policy, action)
             if problem:
                 self._declined(decision.id, problem)
         log.info("autopilot: %s", decision.line())
+        if state == "proposed":
+            return self._publish(decision.id, superseded)
         return self._send(decision.id) if state == "sent" else decision
 
     def _send(self, decision_id: int) -> Decision:
@@ -367,6 +404,10 @@ class Autopilot:
         return None
 
     # -- bookkeeping --------------------------------------------------------------------------------
+
+    def _watch(self, decision_id: int, step: int, inverse: Any) -> _Watch:
+        """A change to watch from ``step``, judged against the watched metric's newest value."""
+        return _Watch(decision_id, step, self._latest if self._latest is not None else math.nan, inverse)
 
     def _change_steps(self) -> list[int]:
         """The steps of the changes made or under way (reverts excluded): what the rate limit counts."""

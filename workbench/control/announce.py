@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.door.endings import CLIENTS, describe_end
+from workbench.door.proposals import describe_changes
 from workbench.door.values import Status
 
 __all__ = ["announcement", "tell_when_paused", "client_words"]
@@ -58,6 +59,14 @@ def announcement(cmd: str, args: Mapping[str, Any], result: Any, who: str | None
         if isinstance(applied, Mapping):
             return f"set {fmt_plain(dict(applied))} {by} at step {step}{why}"
         return f"edit asked {by} at step {step}: {fmt_plain(dict(args.get('changes') or {}))}{why}"
+    if cmd == "propose" and "id" in done:  # a headless run's reader learns that a proposal waits for them
+        why = f" ({args['reason']})" if args.get("reason") else ""
+        source = f"from {args['source']} via {client_words(who)}" if args.get("source") else by
+        return (f"proposal {done['id']} {source} at step {step}: {describe_changes(args.get('changes') or {})}{why}; "
+                f"accept or reject it: workbench ctl OUTDIR accept {done['id']} (or reject {done['id']})")
+    if cmd == "decide" and "state" in done:
+        verb = "rejected" if done["state"] == "rejected" else "accepted"
+        return f"{verb} proposal {done.get('id')} ({describe_changes(done.get('changes') or {})}) {by} at step {step}"
     if cmd == "checkpoints":
         action, name = args.get("action"), args.get("name") or args.get("checkpoint")
         if action == "delete":

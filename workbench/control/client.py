@@ -21,7 +21,7 @@ from workbench.control.discovery import NoLiveRun
 from workbench.control.protocol import ProtocolError, event_from_dict, snapshot_from_dict
 from workbench.control.series_delta import apply_delta
 from workbench.door.schedule import ScheduleSteering
-from workbench.door.values import ENDED, CheckpointRow, MemoryUsage, SessionEvent, Snapshot, Status
+from workbench.door.values import ENDED, CheckpointRow, MemoryUsage, Proposal, SessionEvent, Snapshot, Status
 
 __all__ = ["attach", "RemoteSession", "RemoteError", "Refused", "Dropped", "Connection", "resolve_target"]
 
@@ -367,6 +367,21 @@ class RemoteSession(ScheduleSteering):
 
     def discard(self) -> None:
         self._call("discard")
+
+    def propose(self, changes: Mapping[str, Any], reason: str | None = None, source: str | None = None) -> int:
+        """Put a change on the run for anyone attached to accept or reject (see Session.propose);
+        ``source``: who proposes (this client's name by default). Returns its id."""
+        return int(self._call("propose", changes=dict(changes), **({"reason": reason} if reason is not None else {}),
+                              **({"source": source} if source is not None else {}))["id"])
+
+    def proposals(self) -> tuple[Proposal, ...]:
+        """The run's proposals: every pending one and the newest decided ones, oldest first."""
+        return tuple(Proposal.from_dict(p) for p in self._call("proposals"))
+
+    def decide(self, proposal_id: int, accept: bool, reason: str | None = None) -> Proposal:
+        """Accept or reject one of the run's proposals (recorded as decided by this client)."""
+        return Proposal.from_dict(self._call("decide", id=proposal_id, accept=accept,
+                                             **({"reason": reason} if reason is not None else {})))
 
     def lr_plan(self, schedule: Mapping[str, Any] | str | None = None) -> tuple[tuple[int, float], ...]:
         """The planned learning rate for the rest of the run; with ``schedule``, after that change."""

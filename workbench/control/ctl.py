@@ -66,6 +66,14 @@ def _checkpoints(session: RemoteSession, target: str, values: list[str], save: b
     raise ValueError(f"usage: {CHECKPOINT_USAGE}")
 
 
+def _proposal_number(action: str, values: list[str]) -> int:
+    """``accept N`` / ``reject N``: the proposal's number as typed."""
+    if len(values) != 1 or not values[0].isdigit():
+        raise ValueError(f"{action}: expected one proposal number (workbench ctl OUTDIR proposals lists them), "
+                         f"got {' '.join(values) or 'none'}")
+    return int(values[0])
+
+
 def _execute(session: RemoteSession, action: str, values: list[str], wait: bool, save: bool,
              reason: str | None = None, target: str = "") -> Any:
     if action == "status":
@@ -84,6 +92,11 @@ def _execute(session: RemoteSession, action: str, values: list[str], wait: bool,
         return {"applied": session.set(reason=reason, **_parse_pairs(values)).result()}
     if action == "checkpoints":
         return _checkpoints(session, target, values, save)
+    if action == "proposals":
+        return [p.to_dict() for p in session.proposals()]
+    if action in ("accept", "reject"):
+        number = _proposal_number(action, values)
+        return session.decide(number, action == "accept", reason=reason).to_dict()
     raise ValueError(f"unknown command {action!r}; use one of: {', '.join(CTL_COMMANDS)}")
 
 
@@ -118,6 +131,20 @@ def _print(action: str, result: Any) -> None:
             print(f"{row['name']:<20} step {row['step']:>7} {state}{' *best' if row['best'] else ''}")
         if not result:
             print("no checkpoints yet")
+    elif action == "proposals" and isinstance(result, list):
+        from workbench.door.proposals import Proposal
+
+        for row in result:
+            print(Proposal.from_dict(row).line())
+        if not result:
+            print("no proposals")
+    elif action in ("accept", "reject") and isinstance(result, dict):
+        from workbench.door.proposals import Proposal
+
+        proposal = Proposal.from_dict(result)
+        said = {"accepted": "accepted: the run applies it at the next step end", "applied": "accepted and applied",
+                "rejected": "rejected"}.get(proposal.state, proposal.state)
+        print(f"proposal {proposal.id} ({proposal.change_text}) {said}")
     elif action in ("pause", "resume", "stop") and isinstance(result, dict):
         said = _STATUS_WORDS.get((action, result.get("status")), str(result.get("status")))
         if action == "stop" and result.get("saved") is False and result.get("status") == "stopping":
@@ -166,10 +193,10 @@ def run_ctl(target: str, action: str, values: list[str], as_json: bool = False, 
     except ValueError as exc:
         print(f"workbench: ctl: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if reason is not None and action != "set":
-        print(f"workbench: ctl {action}: --reason goes with set only", file=sys.stderr)
+    if reason is not None and action not in ("set", "accept", "reject"):
+        print(f"workbench: ctl {action}: --reason goes with set, accept and reject only", file=sys.stderr)
         return EXIT_USAGE
-    if values and action not in ("set", "checkpoints"):
+    if values and action not in ("set", "checkpoints", "accept", "reject"):
         print(f"workbench: ctl {action}: takes no arguments (got {' '.join(values)})", file=sys.stderr)
         return EXIT_USAGE
     try:

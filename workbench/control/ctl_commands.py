@@ -17,6 +17,9 @@ CTL_COMMANDS = {
     "stop": "stop the run, saving a checkpoint first (--no-save: without one)",
     "set": "change hyperparameters live: KEY=VALUE ... (learning_rate, max_steps, ...; --reason)",
     "checkpoints": "list | delete NAME | resume_from NAME [KEY=VALUE] | branch NAME NEWDIR [KEY=VALUE]",
+    "proposals": "the changes proposed to the run (by an autopilot in dry-run mode, ...): pending and decided",
+    "accept": "accept proposal N: the run applies it as a live edit naming the proposal (--reason)",
+    "reject": "reject proposal N: nothing changes (--reason says why)",
 }
 # Other names a command answers to (the Session's method is evaluate(); the dashboard's key says eval).
 CTL_ALIASES = {"evaluate": "eval"}

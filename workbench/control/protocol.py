@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields as dataclass_fields
 from typing import Any
 
-from workbench.door.values import CheckpointRow, Intervention, MemoryUsage, SessionEvent, Snapshot, Status
+from workbench.door.values import CheckpointRow, Intervention, MemoryUsage, Proposal, SessionEvent, Snapshot, Status
 
 __all__ = ["PROTOCOL_VERSION", "MAX_LINE", "COMMANDS", "ProtocolError", "to_json", "encode", "decode_request",
            "decode_reply", "reply_ok", "reply_error", "snapshot_to_dict", "snapshot_from_dict",
@@ -40,6 +40,7 @@ COMMANDS = frozenset({
     "hello", "status", "snapshot", "events", "series", "arguments", "memory",
     "pause", "resume", "stop", "save", "evaluate", "validate", "set", "inspect", "sample",
     "checkpoints", "parse_overrides", "check_branch", "lr_plan", "fork", "fork_cost", "keep", "discard",
+    "propose", "proposals", "decide",
 })
 
 
@@ -123,7 +124,7 @@ def reply_error(ident: int | None, error: BaseException | str) -> dict[str, Any]
 # -- value types <-> JSON ---------------------------------------------------------------------
 
 
-_DEEP = frozenset({"memory", "checkpoints", "edits", "series"})  # fields snapshot_to_dict converts itself
+_DEEP = frozenset({"memory", "checkpoints", "edits", "series", "proposals"})  # fields snapshot_to_dict converts itself
 
 
 def snapshot_to_dict(snap: Snapshot, series: bool = True) -> dict[str, Any]:
@@ -138,6 +139,7 @@ def snapshot_to_dict(snap: Snapshot, series: bool = True) -> dict[str, Any]:
     data["checkpoints"] = [row.to_dict() for row in snap.checkpoints]
     data["edits"] = [dict(e) for e in snap.edits]
     data["series"] = dict(snap.series) if series else {}
+    data["proposals"] = [p.to_dict() for p in snap.proposals]
     return data
 
 
@@ -157,6 +159,7 @@ def snapshot_from_dict(data: Mapping[str, Any], series: Mapping[str, tuple] | No
     fields["edits"] = tuple(dict(e) for e in fields.get("edits") or ())
     fields["interventions"] = tuple(Intervention.from_record(r) for r in fields.get("interventions") or ())
     fields["lr_plan"] = tuple((int(s), float(v)) for s, v in fields.get("lr_plan") or ())
+    fields["proposals"] = tuple(Proposal.from_dict(p) for p in fields.get("proposals") or ())
     known = Snapshot.__dataclass_fields__
     return Snapshot(**{k: v for k, v in fields.items() if k in known})
 

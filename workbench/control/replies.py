@@ -38,7 +38,7 @@ MAX_EVENT_BYTES = 64 * 1024  # one event's encoding; longer texts in a bigger on
 FIELDS_BUDGET = 512 * 1024  # a snapshot's fields (the curves aside) are trimmed to fit this
 MAX_TEXT = 20_000  # characters of a failed run's error or traceback a snapshot carries
 _CUT_TEXT = 2_000  # what an oversized reply keeps of each long text
-_PARTS = ("checkpoints", "interventions", "edits")  # a snapshot's lists, encoded once per object
+_PARTS = ("checkpoints", "interventions", "edits", "proposals")  # a snapshot's lists, encoded once per object
 _SCALARS = tuple(f.name for f in dataclass_fields(Snapshot) if f.name not in {*_PARTS, "series", "memory", "status"})
 _MAX_POINTS = 200_000  # encoded points kept (a few runs' curves; cleared when over)
 
@@ -145,7 +145,9 @@ class ReplyCache:
                  # the Session builds a new edits tuple per snapshot; its newest edit names it
                  (b"edits", self._part("edits", (len(snap.edits), snap.edit_count,
                                                  snap.edits[-1].get("time") if snap.edits else None),
-                                       lambda: [dict(e) for e in snap.edits], by_value=True))]
+                                       lambda: [dict(e) for e in snap.edits], by_value=True)),
+                 # the run hands out the same proposals tuple until one changes (session/proposals.py)
+                 (b"proposals", self._part("proposals", snap.proposals, lambda: [p.to_dict() for p in snap.proposals]))]
         data = to_json(scalars)[:-1] + b"".join(b',"%b":%b' % (k, v) for k, v in parts) + b"}"
         if len(data) > FIELDS_BUDGET:
             data = to_json(bounded_fields(snap))

@@ -20,6 +20,7 @@ from typing import Any
 
 from workbench.door.commands import check_sample_options
 from workbench.core.edits import check_reason, parse_edit
+from workbench.door.proposals import MAX_SOURCE
 
 __all__ = ["MAX_WAIT_S", "check_request", "SCHEMAS", "CHECKPOINT_ACTIONS"]
 
@@ -136,6 +137,13 @@ def _override_text(key: str, value: Any) -> str | dict[str, str]:
     raise ValueError(f"{key}: expected \"KEY=VALUE, ...\" or an object of texts, got {_shown(value)}")
 
 
+def _source(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_SOURCE:
+        raise ValueError(f"{key}: expected a short name such as autopilot/plateau (at most {MAX_SOURCE} "
+                         f"characters), got {_shown(value)}")
+    return value
+
+
 _WAIT = {"wait": (_boolean, True), "timeout": (_number(0.0, MAX_WAIT_S), 120.0)}
 
 # Per command: argument -> (check, default); _REQUIRED marks an argument a request must give.
@@ -159,6 +167,10 @@ SCHEMAS: dict[str, dict[str, tuple[Check, Any]]] = {
                   "max_memory": (_optional(_whole(0, 2**62)), None)},
     "keep": {"name": (_text, _REQUIRED), "reason": (_reason, None)},
     "discard": {},
+    # proposals (session/proposals.py): changes put on the run for anyone attached to decide
+    "propose": {"changes": (_changes, _REQUIRED), "reason": (_reason, None), "source": (_optional(_source), None)},
+    "proposals": {},
+    "decide": {"id": (_whole(1, 2**62), _REQUIRED), "accept": (_boolean, _REQUIRED), "reason": (_reason, None)},
     # sample's own options are checked together (check_sample_options), below
     "sample": {"prompt": (_text, _REQUIRED), "max_new_tokens": (None, 64), "temperature": (None, 0.8),
                "top_k": (None, 20), "seed": (None, 0)},

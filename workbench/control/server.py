@@ -50,7 +50,8 @@ __all__ = ["ControlServer", "MAX_CLIENTS", "SEND_TIMEOUT"]
 
 log = logging.getLogger("workbench")
 
-_TOLD = frozenset({"pause", "resume", "stop", "save", "evaluate", "set", "checkpoints"})  # steering commands
+# steering commands
+_TOLD = frozenset({"pause", "resume", "stop", "save", "evaluate", "set", "checkpoints", "propose", "decide"})
 POLL_S = 0.1  # how often subscribed connections look for new events when the Session has no doorbell
 _ANSWERED = (ValueError, RuntimeError, TypeError, KeyError, TimeoutError, OSError)  # the Session's refusals
 
@@ -111,6 +112,7 @@ class ControlServer:
             "hello": self._hello, "status": self._status, "snapshot": self._snapshot, "events": self._events,
             "series": self._series, "arguments": lambda a, _: session.arguments(),
             "validate": self._validate, "parse_overrides": lambda a, _: session.parse_overrides(a["text"]),
+            "proposals": lambda a, _: [p.to_dict() for p in session.proposals()],
         }
         # ... and on a worker thread each: these take the Session's lock, read files or wait.
         self._workers: dict[str, Callable[[dict], Any]] = {
@@ -126,6 +128,7 @@ class ControlServer:
             "fork_cost": lambda a: session.fork_cost(a["variants"], a["steps"], max_memory=a["max_memory"]),
             "keep": lambda a: session.keep(a["name"], **self._reason(a)),
             "discard": lambda a: session.discard(),
+            "propose": self._propose, "decide": self._decide,
         }
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -404,6 +407,17 @@ class ControlServer:
         changes, why = args["changes"], self._reason(args)
         done, applied = self._await(self._call(lambda: self.session.set(**why, **changes)), args, "set")
         return {"applied": applied} if done else {"queued": True}
+
+    def _propose(self, args: dict) -> dict:
+        """A proposal put on the run; its source is the client's name unless the request names one."""
+        source = args["source"] or args["client"]
+        ident = self._call(lambda: self.session.propose(args["changes"], reason=args["reason"], source=source))
+        return {"id": ident}
+
+    def _decide(self, args: dict) -> dict:
+        """Accept or reject a proposal, as this client (calling_as: the decision records its name)."""
+        proposal = self._call(lambda: self.session.decide(args["id"], args["accept"], reason=args["reason"]))
+        return proposal.to_dict()
 
     def _sample(self, args: dict) -> str:
         options = {k: args[k] for k in ("max_new_tokens", "temperature", "top_k", "seed")}

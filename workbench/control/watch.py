@@ -84,6 +84,18 @@ class _Refusing:
             return self._refuse("set")
         return self.snapshot().lr_plan  # type: ignore[attr-defined] - both read-only runs have one
 
+    def propose(self, changes: Mapping[str, Any], reason: str | None = None, source: str | None = None) -> int:
+        """Refused: a watched run takes no proposal from here."""
+        return self._refuse("propose")
+
+    def proposals(self) -> tuple[Any, ...]:
+        """The proposals the run publishes (shown, never decided, here)."""
+        return self.snapshot().proposals  # type: ignore[attr-defined] - both read-only runs have one
+
+    def decide(self, proposal_id: int, accept: bool, reason: str | None = None) -> Any:
+        """Refused: proposals are decided where the run is steered (attach, ctl)."""
+        return self._refuse("accept" if accept else "reject")
+
     def inspect(self) -> dict[str, Any]:
         return self._refuse("inspect")
 

@@ -22,9 +22,11 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from workbench.door.values import ENDED, CheckpointRow, Intervention, MemoryUsage, SessionEvent, Snapshot, Status
+from workbench.door.values import (ENDED, CheckpointRow, Intervention, MemoryUsage, Proposal, SessionEvent, Snapshot,
+                                   Status)
 
-__all__ = ["SessionLike", "Status", "ENDED", "Snapshot", "SessionEvent", "CheckpointRow", "MemoryUsage", "Intervention"]
+__all__ = ["SessionLike", "Status", "ENDED", "Snapshot", "SessionEvent", "CheckpointRow", "MemoryUsage", "Intervention",
+           "Proposal"]
 
 
 @runtime_checkable
@@ -111,6 +113,24 @@ class SessionLike(Protocol):
     def lr_plan(self, schedule: Mapping[str, Any] | str | None = None) -> tuple[tuple[int, float], ...]:
         """The learning rate planned for the rest of the run as ``(step, rate)`` pairs; with
         ``schedule``, what it would be after that change (the preview; nothing is applied)."""
+        ...
+
+    # -- proposals: changes waiting for a person (door/proposals.py) -------------------------------
+
+    def propose(self, changes: Mapping[str, Any], reason: str | None = None, source: str | None = None) -> int:
+        """Put a change on the run for a person to decide (nothing is applied): checked as
+        set() checks it, kept (at most MAX_PENDING waiting), published in the snapshot and as a
+        ``proposal`` event. ``source``: who proposes ("autopilot/plateau"). Returns its id."""
+        ...
+
+    def proposals(self) -> tuple[Proposal, ...]:
+        """The run's proposals: every pending one and the newest decided ones, oldest first."""
+        ...
+
+    def decide(self, proposal_id: int, accept: bool, reason: str | None = None) -> Proposal:
+        """Accept (applied through set(), a live edit whose reason names the proposal) or
+        reject a pending proposal; ``reason``: the decider's why. A ``proposal_decided``
+        event tells everyone. Returns the proposal as decided."""
         ...
 
     # -- A/B forks from the paused run --------------------------------------------------------------

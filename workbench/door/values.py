@@ -17,9 +17,10 @@ from typing import Any
 
 from workbench.core.ledger import goodput_line  # noqa: F401 - front-ends format the ledger with it
 from workbench.core.records import CheckpointRow, MemoryUsage, edit_changes, is_timing_metric
+from workbench.door.proposals import Proposal, describe_proposal_event
 
 __all__ = ["goodput_line", "Status", "ENDED", "LOOP_HELD", "Snapshot", "SessionEvent", "CheckpointRow", "MemoryUsage", "Intervention", "SNAPSHOT_INTERVENTIONS",
-           "SNAPSHOT_EDITS", "SeriesStore",
+           "SNAPSHOT_EDITS", "SeriesStore", "Proposal", "describe_proposal_event",
            "is_timing_metric", "edit_changes"]
 
 
@@ -150,6 +151,9 @@ class Snapshot:
     # The latest A/B fork from a pause (session/fork_commands.py), as plain data: each
     # variant's loss per step and evaluation, its state ("running", "done", "kept", ...).
     fork: dict[str, Any] | None = None
+    # The changes proposed to the run (door/proposals.py): every pending one and the newest
+    # decided ones, oldest first; any front-end on the run accepts or rejects them (decide()).
+    proposals: tuple[Proposal, ...] = ()
 
     @classmethod
     def empty(cls) -> "Snapshot":

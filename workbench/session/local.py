@@ -5,8 +5,9 @@ caller's thread), the control endpoint it serves, the run's end and the restarts
 ``resume_from`` or ``branch`` asks for. Its other jobs are mixins, one a module:
 commands.py (pause, stop, save, evaluate, edits: checked here once for every front-end, and
 turned into flags by the Session's steering gate in the loop), publishing.py (the immutable
-snapshot and the events front-ends read) and checkpoint_commands.py (the catalog, resume
-from and branch from a checkpoint). Front-ends never touch the trainer: they use the
+snapshot and the events front-ends read), checkpoint_commands.py (the catalog, resume
+from and branch from a checkpoint), fork_commands.py (A/B forks) and proposals.py (changes
+proposed to the run, decided by anyone attached). Front-ends never touch the trainer: they use the
 ``SessionLike`` protocol (workbench/door/protocol.py).
 """
 
@@ -37,6 +38,7 @@ from workbench.train.callbacks import ProgressCallback
 from workbench.session.events import EventHub
 from workbench.session.fork_commands import ForkCommands
 from workbench.session.loop_hold import reading_the_model
+from workbench.session.proposals import ProposalBook, ProposalCommands
 from workbench.session.publishing import SessionPublishing
 from workbench.train.trainer import Trainer
 
@@ -90,7 +92,8 @@ class SessionObserver(TrainerCallback):
         self.session._on_sample(state, samples or [])
 
 
-class Session(SessionCommands, SessionPublishing, CheckpointCommands, ForkCommands, ScheduleSteering):
+class Session(SessionCommands, SessionPublishing, CheckpointCommands, ForkCommands, ProposalCommands,
+              ScheduleSteering):
     """A training run you can watch and steer from notebooks, terminals and scripts."""
 
     def __init__(self, trainer: Trainer, resume_from_checkpoint: str | bool | None = None,
@@ -144,6 +147,7 @@ class Session(SessionCommands, SessionPublishing, CheckpointCommands, ForkComman
         self._events = EventHub()
         self._memory_failed = False  # warned once that the memory report cannot be taken
         self._edits: list[dict[str, Any]] = []
+        self._proposal_book = ProposalBook()  # changes proposed to this run, for anyone attached to decide
         self._started_at: float | None = None  # on the pause clock: training time, pauses left out
         self._pause_clock = PauseClock()
         # Where the run tells what its control clients did, one line each ("paused from workbench

@@ -143,8 +143,8 @@ class SessionPublishing:
             published()
 
     def _on_health(self, kind: str, record: dict[str, Any]) -> None:
-        """A hang, its end or a straggler the health watchdog found (its thread): an event,
-        and a snapshot that says so at once."""
+        """A hang, its end or a straggler the health watchdog found (its thread), or an
+        evaluation's out-of-memory cut: an event, and a snapshot that says so at once."""
         self._emit(kind, **record)
         self._publish()
 
@@ -245,4 +245,5 @@ class SessionPublishing:
             health=self._health(),
             lr_plan=self._planned_lr(),
             fork=self._fork_snapshot(),
+            proposals=self._proposal_book.all(),
         )
