@@ -52,14 +52,7 @@ def test_session_sample_on_a_transformers_model_raises_no_generation_warning(tmp
     flags (as a checkpoint's generation_config.json does): greedy and sampled answers come without
     transformers' "generation flags are not valid" warning or any other about generation
     (issue 29, item 10), while a bare greedy generate on that model does warn."""
-    import logging
-    import warnings
-
-    import torch
-    from transformers.utils import logging as hf_logging
-
-    from workbench.train.generation import encode_prompt
-    from support.sampling import PROMPTS as CHAT_PROMPTS, llama_trainer
+    from support.sampling import PROMPTS as CHAT_PROMPTS, llama_trainer, no_generation_warnings
 
     pause = PauseAt(2)
     trainer = llama_trainer(finetune_workspace, tmp_path / "run", max_steps=4, callbacks=[pause],
@@ -69,27 +62,9 @@ def test_session_sample_on_a_transformers_model_raises_no_generation_warning(tmp
     pause.session = session
     session.start()
     wait_until(lambda: session.status == "paused", "the pause at step 2", DEADLINE)
-    heard: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: heard.append(record.getMessage())
-    library = logging.getLogger("transformers")
-    library.addHandler(handler)
-    try:
-        hf_logging.warning_once.cache_clear()  # said once a process: this test must hear it anew
-        ids = torch.tensor([encode_prompt(trainer.processing_class, CHAT_PROMPTS[0])])
-        trainer.model.generate(ids, max_new_tokens=2, do_sample=False, temperature=0.6)
-        assert any("generation flags are not valid" in m for m in heard), heard  # the capture hears one
-        heard.clear()
-        hf_logging.warning_once.cache_clear()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            greedy = session.sample(CHAT_PROMPTS[0], max_new_tokens=4, temperature=0)
-            sampled = session.sample(CHAT_PROMPTS[0], max_new_tokens=4, temperature=0.8, seed=3)
-    finally:
-        library.removeHandler(handler)
+    with no_generation_warnings(trainer, CHAT_PROMPTS[0]):
+        greedy = session.sample(CHAT_PROMPTS[0], max_new_tokens=4, temperature=0)
+        sampled = session.sample(CHAT_PROMPTS[0], max_new_tokens=4, temperature=0.8, seed=3)
     assert isinstance(greedy, str) and isinstance(sampled, str)
-    assert heard == []
-    about_generation = ("generat", "do_sample", "temperature", "top_p", "pad_token", "attention mask")
-    assert [str(w.message) for w in caught if any(word in str(w.message) for word in about_generation)] == []
     session.resume()
     assert session.wait(timeout=DEADLINE) == "finished"

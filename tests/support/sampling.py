@@ -4,6 +4,7 @@ template) on its prompt/completion text, and the events a run's samples leave.""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -51,3 +52,39 @@ def losses(trainer: Trainer) -> list[tuple[int, str, float]]:
 def sample_records(out: Path) -> list[dict]:
     """The ``sample`` records of a run's events.jsonl, in order."""
     return [r for r in read_events(out) if r["event"] == "sample"]
+
+
+ABOUT_GENERATION = ("generat", "do_sample", "temperature", "top_p", "pad_token", "attention mask")
+
+
+@contextlib.contextmanager
+def no_generation_warnings(trainer: Trainer, prompt: str):
+    """Fails unless what runs inside says nothing about generation: not on transformers'
+    loggers, not as a Python warning. First it proves the capture hears one (a plain greedy
+    generate on a model whose defaults sample warns "generation flags are not valid")."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    from workbench.train.generation import encode_prompt
+
+    heard: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: heard.append(record.getMessage())
+    library = logging.getLogger("transformers")
+    library.addHandler(handler)
+    try:
+        hf_logging.warning_once.cache_clear()  # said once a process: the test must hear it anew
+        ids = torch.tensor([encode_prompt(trainer.processing_class, prompt)])
+        trainer.model.generate(ids, max_new_tokens=2, do_sample=False, temperature=0.6)
+        assert any("generation flags are not valid" in m for m in heard), heard  # the capture works
+        heard.clear()
+        hf_logging.warning_once.cache_clear()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        library.removeHandler(handler)
+    assert heard == []
+    assert [str(w.message) for w in caught if any(word in str(w.message) for word in ABOUT_GENERATION)] == []

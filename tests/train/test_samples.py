@@ -9,11 +9,8 @@ its warnings, its sampling from the global random stream.
 
 from __future__ import annotations
 
-import logging
-import warnings
 
 import pytest
-import torch
 
 from workbench import SamplesCallback
 from workbench.core.args.training import ArgumentError
@@ -23,7 +20,7 @@ from workbench.train.samples import MAX_NEW_TOKENS, MAX_PROMPTS
 
 from support import assert_same_weights, make_trainer, weights
 from support.lm import TOK, lm_model, lm_trainer
-from support.sampling import PROMPTS, llama_trainer, losses, sample_records
+from support.sampling import PROMPTS, llama_trainer, losses, no_generation_warnings, sample_records
 
 LM_PROMPTS = ["def ", "import os\n"]
 
@@ -85,31 +82,11 @@ def test_greedy_samples_with_a_checkpoints_generation_defaults_raise_no_transfor
     warns when those meet greedy decoding ("generation flags are not valid") and when no pad
     token is set. The samples pass a complete GenerationConfig: not one warning, while a
     plain greedy generate on the same model does warn (so the capture would see one)."""
-    from transformers.utils import logging as hf_logging
-
     trainer = llama_trainer(finetune_workspace, tmp_path / "run", max_steps=4,
                             generation_defaults={"do_sample": True, "temperature": 0.6, "top_p": 0.9},
                             callbacks=[SamplesCallback(prompts=PROMPTS, max_new_tokens=4)])
-    heard: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: heard.append(record.getMessage())
-    library = logging.getLogger("transformers")
-    library.addHandler(handler)
-    try:
-        hf_logging.warning_once.cache_clear()  # said once a process: this test must hear it anew
-        ids = torch.tensor([encode_prompt(trainer.processing_class, PROMPTS[0])])
-        trainer.model.generate(ids, max_new_tokens=2, do_sample=False, temperature=0.6)
-        assert any("generation flags are not valid" in m for m in heard), heard  # the capture works
-        heard.clear()
-        hf_logging.warning_once.cache_clear()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            trainer.train()
-    finally:
-        library.removeHandler(handler)
-    assert heard == []
-    about_generation = ("generat", "do_sample", "temperature", "top_p", "pad_token", "attention mask")
-    assert [str(w.message) for w in caught if any(word in str(w.message) for word in about_generation)] == []
+    with no_generation_warnings(trainer, PROMPTS[0]):
+        trainer.train()
     assert len(trainer.callback_handler.callbacks[-1].history) == 2 * 2  # steps 0 and 4, two prompts
 
 
