@@ -121,8 +121,11 @@ def test_dry_run_changes_nothing_until_accepted(tmp_path, sessions):
                "the newer proposal on the run, alone")
     assert edits(session) == [] and session.trainer.lr_scheduler.base_lrs == [1e-2]
     proposal = pilot.proposals()[0]
-    with pytest.raises(ValueError, match="not a proposal"):
-        pilot.accept(first.id)
+    # Deciding the replaced one names the proposal to decide instead, and changes nothing.
+    for decide in (pilot.accept, pilot.reject):
+        with pytest.raises(ValueError, match=rf"proposal #{first.id} was replaced by #\d+ .*decide that one"):
+            decide(first.id)
+    assert pilot.decisions[first.id - 1].state == "superseded"
     pilot.accept(proposal.id)
     wait_until(lambda: len(edits(session)) == 1, "the accepted change to land")
     wait_until(lambda: pilot.decisions[proposal.id - 1].state == "applied", "the decision to settle")

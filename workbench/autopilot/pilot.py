@@ -78,6 +78,16 @@ class Decision:
         return f"#{self.id} step {self.step} {self.policy}: {self.change_text} [{self.state}]{note}: {self.reason}"
 
 
+def _not_a_proposal(decision: Decision) -> str:
+    """The one-line refusal to decide a decision that no longer waits; a replaced proposal names
+    its successor, the one to decide now (a policy re-proposes at each evaluation it still sees a
+    reason to)."""
+    if decision.state == "superseded":
+        return (f"autopilot: proposal #{decision.id} was {decision.note or 'replaced by a newer one'} "
+                f"(a newer evaluation); decide that one (pilot.proposals() lists what waits)")
+    return f"autopilot: decision #{decision.id} is {decision.state}, not a proposal"
+
+
 @dataclass
 class _Watch:
     """A change under watch: the metric before it and the evaluations since."""
@@ -257,7 +267,7 @@ class Autopilot(RunProposals):
         with self._lock:
             decision = self._get(decision_id)
             if decision.state not in ("proposed", "rejected"):  # decided otherwise on the run meanwhile
-                raise ValueError(f"autopilot: decision #{decision_id} is {decision.state}, not a proposal")
+                raise ValueError(_not_a_proposal(decision))
             note = why or "rejected"
             if decision.state == "proposed":
                 self._declined(decision.id, note)
@@ -267,7 +277,7 @@ class Autopilot(RunProposals):
     def _proposal(self, decision_id: int) -> Decision:
         decision = self._get(decision_id)
         if decision.state != "proposed":
-            raise ValueError(f"autopilot: decision #{decision_id} is {decision.state}, not a proposal")
+            raise ValueError(_not_a_proposal(decision))
         return decision
 
     # -- deciding and sending ---------------------------------------------------------------------
