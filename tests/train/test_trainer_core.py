@@ -259,3 +259,24 @@ def test_loss_window_matches_hf_sequential_nan_rule(monkeypatch, n, fold):
             assert math.isnan(total)
         window.reset()
         assert window.total().item() == 0.0 and not window
+
+
+def test_a_restored_loss_window_sums_its_entries_with_the_later_ones_in_one_reduction():
+    """A resumed run's first log equals the uninterrupted run's to the last bit: the window a
+    checkpoint carried is reduced together with the entries that follow (peek at restore, never
+    an early fold, which rounds differently: 10.202921867 against 10.202920914 for these)."""
+    from workbench.train.loss_window import LossWindow
+
+    cpu = torch.device("cpu")
+    values = (torch.rand(7, generator=torch.Generator().manual_seed(1)) * 3).tolist()
+    whole, first = LossWindow(cpu, True), LossWindow(cpu, True)
+    for k, value in enumerate(values):
+        whole.add(torch.tensor(value), k)
+    for k, value in enumerate(values[:2]):
+        first.add(torch.tensor(value), k)
+    resumed = LossWindow(cpu, True)
+    resumed.restore(first.export())
+    assert resumed.peek().item() == first.total().item()  # what LossLog.restore reads of it
+    for k, value in enumerate(values[2:], 2):
+        resumed.add(torch.tensor(value), k)
+    assert resumed.total().item() == whole.total().item()

@@ -67,6 +67,15 @@ class LossWindow:
         self._fold()
         return self._folded
 
+    def peek(self) -> torch.Tensor:
+        """:meth:`total` leaving the entries unfolded: a restored window must reduce them
+        together with the ones still to come, in one sum as the uninterrupted run does (a sum
+        folded early can differ in the last bit)."""
+        kept = self._folded, list(self._losses), list(self._steps)
+        total = self.total()
+        self._folded, self._losses, self._steps = kept
+        return total
+
     def reset(self) -> None:
         """Start a new window (after a log)."""
         self._folded = torch.zeros((), device=self.device)
@@ -165,4 +174,4 @@ class LossLog:
         self.window.restore(saved)
         self.last_logged = int(saved["since_step"])
         # The first log after the resume adds the carried loss to the total: start below zero.
-        self.total = -float(self.run.accelerator.gather(self.window.total().reshape(1)).mean())
+        self.total = -float(self.run.accelerator.gather(self.window.peek().reshape(1)).mean())
