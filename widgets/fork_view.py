@@ -142,6 +142,8 @@ def fork_state(report: dict[str, Any]) -> str:
 
 
 def fork_summary(report: dict[str, Any]) -> str:
-    """One line: which fork, how many steps from where, the memory it holds, its state."""
+    """One line: which fork, how many steps from where, the memory it holds, its state, and
+    where the variants saved on purpose went."""
+    saved = "".join(f"; {name} saved to {path}" for name, path in (report.get("saved") or {}).items())
     return (f"fork {report['id']}: {report['steps']} steps from step {report['step']}, "
-            f"{report['memory']['bytes'] / 2**20:.1f} MiB held ({fork_state(report)})")
+            f"{report['memory']['bytes'] / 2**20:.1f} MiB held ({fork_state(report)}){saved}")

@@ -122,7 +122,8 @@ def _valid(tmp_path: Path, checkpoint: str) -> dict[str, dict]:
             "checkpoints resume_from": {"checkpoint": checkpoint},
             "checkpoints branch": {"checkpoint": checkpoint, "output_dir": branch},
             "fork": {"variants": {"a": {}}, "steps": 2}, "fork_cost": {"variants": {"a": {}}, "steps": 2},
-            "keep": {"name": "a"}, "propose": {"changes": {"lr_scale": 0.5}}, "decide": {"id": 1, "accept": False}}
+            "keep": {"name": "a"}, "save_variant": {"name": "a", "output_dir": str(tmp_path / "variant")},
+            "propose": {"changes": {"lr_scale": 0.5}}, "decide": {"id": 1, "accept": False}}
 
 
 def _wrong_requests(valid: dict[str, dict]) -> list[tuple[str, dict, str]]:
@@ -171,7 +172,7 @@ def test_every_argument_of_every_command_is_checked_before_anything_happens(tmp_
     assert session.status == Status.RUNNING and not session.trainer.stop_request.is_set()
     assert session.trainer.workbench_state.live_edits == edits, "a refused set still edited the run"
     assert [r.name for r in session.checkpoints] == rows, "a refused save or delete still acted"
-    assert not (tmp_path / "branch").exists()
+    assert not (tmp_path / "branch").exists() and not (tmp_path / "variant").exists()
     kinds = [e.kind for e in session.events_since(before_events)[0]]
     assert not {"paused", "edited", "saved", "evaluated", "resume_from", "branched", "proposal",
                 "proposal_decided"} & set(kinds), kinds

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from support.processes import start_workbench
 
+from workbench.checkpoint.store import CheckpointStore
 from workbench.control.client import attach
 from workbench.core.event_file import read_events
 
@@ -107,6 +108,11 @@ def test_two_ranks_fork_keep_a_variant_and_stay_replicas(tmp_path):
         assert a["batches"] == b["batches"] and len(a["batches"]) == 6
         assert a["loss"] != b["loss"] and "eval_loss" in a["eval"] and "eval_loss" in report["parent"]["eval"]
         assert remote.snapshot().step == paused_at  # back at the pause on every rank
+        # a saved on purpose (every rank writes its part), the fork still open: b is kept after it
+        saved = remote.save_variant("a", str(tmp_path / "variant-a"))
+        assert saved == str(tmp_path / "variant-a" / f"checkpoint-{paused_at + 6}")
+        assert CheckpointStore(tmp_path / "variant-a").verify(saved) == (True, None)
+        assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in Path(saved).iterdir()}
         kept = remote.keep("b", reason="the faster rate")
         assert "fork 1: kept b" in kept["reason"] and remote.snapshot().step == paused_at + 6
         rank0, rank1 = _finish(tmp_path, run, remote)
@@ -119,6 +125,15 @@ def test_two_ranks_fork_keep_a_variant_and_stay_replicas(tmp_path):
     # The kept steps were logged by every rank at the logging points among them: no gap.
     logged = [e["step"] for e in read_events(tmp_path / "out") if e["event"] == "log" and "loss" in e]
     assert logged == list(range(5, 201, 5))
+    assert not (tmp_path / "out" / f"checkpoint-{paused_at + 6}").exists()  # a's state stayed in its own folder
+    # The saved variant resumes on 2 ranks in a run of its own and ends as replicas.
+    again = start_workbench("run", "run.toml", "--headless", "--num-processes", "2", "--set",
+                            "training.output_dir=variant-a", "--resume", cwd=tmp_path)
+    assert again.wait(timeout=240) == 0, again.communicate()[1][-3000:]
+    rank0, rank1 = [(tmp_path / "variant-a" / f"weights-rank{r}.txt").read_text() for r in (0, 1)]
+    assert rank0 == rank1 and rank0.startswith("200 ")
+    resumed = json.loads((tmp_path / "variant-a" / "checkpoint-200" / "workbench_state.json").read_text())
+    assert "fork 1: saved a" in resumed["live_edits"][-1]["reason"]
 
 
 def test_two_ranks_fork_and_discard_continue_from_the_pause(tmp_path):

@@ -145,7 +145,7 @@ def test_a_fork_is_refused_in_one_line_when_it_cannot_run(tmp_path, sessions):
         session.fork({"a": {}, "b": {"learning_rate": -1}}, steps=5)
     with pytest.raises(ValueError, match="steps"):
         session.fork({"a": {}}, steps=0)
-    with pytest.raises(RuntimeError, match="no fork to keep"):
+    with pytest.raises(RuntimeError, match="keep: no fork whose variants are held"):
         session.keep("a")
     session.fork({"a": {}}, steps=2, evaluate=False)
     with pytest.raises(ValueError, match="no variant 'z'"):

@@ -30,9 +30,10 @@ class Slow(TrainerCallback):
         time.sleep(self.seconds)
 
 
-def make_trainer(out: Path, callbacks=(), compute_metrics=None, dropout: float = 0.0, **kwargs: Any) -> Trainer:
+def make_trainer(out: Path, callbacks=(), compute_metrics=None, dropout: float = 0.0, guard: Any = None,
+                 **kwargs: Any) -> Trainer:
     """The tiny real Trainer the Session tests steer (an MLP on random classes; runs until
-    stopped); ``dropout`` > 0 makes each step draw from the random streams."""
+    stopped); ``dropout`` > 0 makes each step draw from the random streams; ``guard``: a Guard."""
     train, evals = load_builtin_data("random-classification", n_train=256, n_eval=32, in_features=8,
                                      num_classes=3, seed=1)
     settings = dict(max_steps=100_000, per_device_train_batch_size=8, per_device_eval_batch_size=16,
@@ -42,7 +43,7 @@ def make_trainer(out: Path, callbacks=(), compute_metrics=None, dropout: float =
     torch.manual_seed(0)
     return Trainer(model=MLPClassifier(in_features=8, hidden=16, num_classes=3, dropout=dropout),
                    args=TrainingArguments(str(out), **settings), train_dataset=train, eval_dataset=evals,
-                   compute_metrics=compute_metrics, callbacks=list(callbacks))
+                   compute_metrics=compute_metrics, callbacks=list(callbacks), guard=guard)
 
 
 def make_session(out: Path, callbacks=(), compute_metrics=None, **kwargs: Any) -> Session:

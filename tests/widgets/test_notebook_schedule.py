@@ -7,6 +7,8 @@ train from the pause, their curves are drawn over the parent's with a table, one
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("ipywidgets")
@@ -97,6 +99,22 @@ def test_the_fork_tab_forks_draws_the_variants_and_keeps_one(paneled):
         assert tab.chart.points(f"variant{i}_eval") == [(step + 6, pytest.approx(report["variants"][name]["eval"]["eval_loss"]))]
     assert tab.chart.lines["variant1_eval"].labels == ["b eval"] and tab.chart.lines["variant1_eval"].marker
     assert list(tab.keep_select.options) == ["a", "b", "c"]
+    # Save c to a folder typed in, then a into the default one; a full folder is refused in one line.
+    output_dir = Path(session.trainer.args.output_dir)
+    tab.keep_select.value = "c"
+    tab.save_folder.value = str(output_dir)
+    tab.save_button.click()
+    assert 'data-level="error"' in panel.notice.value and "own output_dir; a saved variant needs a folder" in panel.notice.value
+    tab.save_folder.value = str(output_dir.parent / "variant-c")
+    tab.save_button.click()
+    saved_c = output_dir.parent / "variant-c" / f"checkpoint-{step + 6}"
+    assert f"variant c saved to {saved_c}" in panel.notice.value and (saved_c / "trainer_state.json").is_file()
+    tab.keep_select.value, tab.save_folder.value = "a", ""
+    tab.save_button.click()
+    assert f"saved to {output_dir.resolve()}-fork1-a/checkpoint-{step + 6}" in panel.notice.value
+    panel.refresh()
+    assert "c saved to" in tab.table.value and "a saved to" in tab.table.value
+    assert session.snapshot().step == step and list(tab.keep_select.options) == ["a", "b", "c"]
     tab.keep_select.value = "b"
     tab.keep_button.click()
     assert "kept b" in panel.notice.value

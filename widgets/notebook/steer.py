@@ -136,6 +136,9 @@ class ForkTab:
         self.keep_select = w.Dropdown(options=[], description="keep", layout=w.Layout(width="200px"))
         self.keep_button = _button("Keep", "check", "Continue the run from the selected variant's state")
         self.discard_button = _button("Discard", "times", "Continue from the pause point unchanged")
+        self.save_button = _button("Save", "save", "Save the selected variant as a checkpoint in a folder of its own "
+                                   "(the fork stays open)")
+        self.save_folder = w.Text(placeholder="folder (default: OUTPUT_DIR-forkN-NAME)", layout=w.Layout(width="300px"))
         # What the fork would hold, said before it starts (the kernel then waits while it trains).
         self.memory = w.HTML("<small>memory: checked and shown here when you press Fork</small>")
         self.table = w.HTML(fork_table_html(None))
@@ -152,15 +155,18 @@ class ForkTab:
         self.box = w.VBox([w.HBox([self.variants, w.VBox([self.steps, self.fork_button])],
                                   layout=w.Layout(flex_flow="row wrap", align_items="flex-start")),
                            self.memory,
-                           w.HBox([self.keep_select, self.keep_button, self.discard_button],
+                           w.HBox([self.keep_select, self.keep_button, self.save_button, self.save_folder,
+                                   self.discard_button],
                                   layout=w.Layout(flex_flow="row wrap", align_items="center")),
                            self.table, self.chart.figure])
         self.widgets: list[w.Widget] = [self.variants, self.steps, self.fork_button, self.memory, self.keep_select,
-                                        self.keep_button, self.discard_button, self.table, *self.box.children,
+                                        self.keep_button, self.save_button, self.save_folder, self.discard_button,
+                                        self.table, *self.box.children,
                                         self.box]
         self.fork_button.on_click(panel._guard(self.on_fork))
         self.keep_button.on_click(panel._guard(self.on_keep))
         self.discard_button.on_click(panel._guard(self.on_discard))
+        self.save_button.on_click(panel._guard(self.on_save))
 
     def on_fork(self) -> None:
         """Check the memory and show the figure, then fork (the kernel waits while the variants
@@ -186,13 +192,21 @@ class ForkTab:
         kept = self.panel.session.keep(name)
         self.panel._set_notice("good", f"kept {name}: {kept.get('reason', '')}")
 
+    def on_save(self) -> None:
+        name = self.keep_select.value
+        if not name:
+            raise ValueError("save: fork first, then pick a variant")
+        path = self.panel.session.save_variant(name, self.save_folder.value.strip() or None)
+        self.panel._set_notice("good", f"variant {name} saved to {path} (resume it with --resume {path}); "
+                               "keep one or discard")
+
     def on_discard(self) -> None:
         self.panel.session.discard()
         self.panel._set_notice("info", "fork discarded: the run goes on from the pause unchanged")
 
     def show(self, report: dict[str, Any] | None) -> None:
         """Draw a fork's report (the table, the curves over the parent's loss); cheap when unchanged."""
-        key = (report or {}).get("id"), (report or {}).get("state")
+        key = (report or {}).get("id"), (report or {}).get("state"), len((report or {}).get("saved") or ())
         if key == self._drawn or report is None:
             return
         self._drawn = key

@@ -220,6 +220,10 @@ class DashboardApp(App[str]):
             text = f"{message.what} failed: {message.error}"
             self.log_line("error", text)
             self.notify(text, severity="error")
+        elif message.what.startswith("save variant ") and isinstance(message.result, str):
+            text = f"fork: variant {message.what.removeprefix('save variant ')} saved to {message.result}"
+            self.log_line("info", text)
+            self.notify(text, timeout=6)
         elif message.what == "evaluate" and isinstance(message.result, dict):
             loss = message.result.get("eval_loss")
             if loss is not None:

@@ -6,9 +6,11 @@ said first, then each variant trains from the pause on the same batches and is e
 one after another. The table has the final numbers (the parent at the pause first) and the
 chart each variant's train loss drawn from the pause over the parent's, and each variant's
 evaluation as a dot over the parent's evaluations. Then ``k`` keeps the
-selected variant (the run continues from its state, recorded as a live edit) and ``d``
-discards the fork (the run continues from the pause, unchanged). The screen only calls the
-session's ``fork_cost``, ``fork``, ``keep`` and ``discard`` and shows ``Snapshot.fork``, so
+selected variant (the run continues from its state, recorded as a live edit), ``s`` saves it
+as a checkpoint in a folder of its own (``OUTPUT_DIR-forkN-NAME``; the fork stays open) and
+``d`` discards the fork (the run continues from the pause, unchanged). The screen only calls
+the session's ``fork_cost``, ``fork``, ``keep``, ``save_variant`` and ``discard`` and shows
+``Snapshot.fork``, so
 a fork made by a script, the panel or a remote client shows here too.
 """
 
@@ -73,6 +75,7 @@ class ForkScreen(Screen):
         Binding("escape", "app.pop_screen", "back"),
         Binding("ctrl+f", "fork", "fork", priority=True),
         Binding("k", "keep", "keep"),
+        Binding("s", "save_variant", "save variant"),
         Binding("d", "discard", "discard"),
         Binding("question_mark", "app.help", "help", key_display="?"),
     ]
@@ -136,6 +139,12 @@ class ForkScreen(Screen):
             self.app.run_command(f"keep {name}", lambda: self.app.session.keep(name))
             self.app.log_line("info", f"fork: keeping {name}")
 
+    def action_save_variant(self) -> None:
+        """Save the selected variant as a checkpoint of its own; the fork stays open."""
+        name = self._selected()
+        if name is not None:
+            self.app.run_command(f"save variant {name}", lambda: self.app.session.save_variant(name))
+
     def action_discard(self) -> None:
         """Continue from the pause point unchanged."""
         if self._open():
@@ -144,7 +153,7 @@ class ForkScreen(Screen):
 
     def _open(self) -> bool:
         if not self.report or self.report.get("state") != "done":
-            self.notify("no fork to keep or discard: fork first", severity="warning")
+            self.notify("no fork to keep, save or discard: fork first", severity="warning")
             return False
         return True
 

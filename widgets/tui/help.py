@@ -35,7 +35,8 @@ _SECTIONS: list[tuple[str, list[tuple[str | None, str, str]]]] = [
         ("a", "samples: hide or show the answers to the run's prompts\n"
               "(the panel appears with the first ones; [samples])", _ALL),
         ("f", "fork: A/B variants from the pause, each trained on the\n"
-              "same batches; then keep one or discard the fork", _STEER),
+              "same batches; then keep one (k), save one to a folder\n"
+              "of its own (s) or discard the fork (d)", _STEER),
         ("o", "proposals (once the run has one, or an autopilot steers\n"
               "from here): y / enter accepts one, n rejects it", _STEER),
         ("q", "quit: stop and save (enter), stop without saving,\n"

@@ -214,28 +214,32 @@ def model_saved_by_override(run: Run) -> bool:
     return owner is not None and owner.__module__ != "workbench.train.trainer"
 
 
-def save_checkpoint(run: Run) -> Path | None:
+def save_checkpoint(run: Run, folder: Path | None = None) -> Path | None:
     """Write ``checkpoint-<global_step>`` for the run's current state, then rotate.
 
     The model files come from an overriding ``Trainer.save_model`` if there is one
     (``model_saved_by_override`` gives the rule); ``training_args.json`` and the rest are
     always written here, so a resume can compare arguments whatever the override wrote.
     The time the run is blocked here is the ledger's "save" (an async write's is not).
+
+    ``folder``: write into that folder instead of the run's output_dir, at once (never in
+    the background) and without naming a best checkpoint: a fork's variant saved on purpose
+    (train/fork_save.py), whose state lives only until the run is put back at its pause.
     """
     ledger = getattr(run, "ledger", None)
     if ledger is None:
-        return _save_checkpoint(run)
+        return _save_checkpoint(run, folder)
     with ledger.during("save"):
-        return _save_checkpoint(run)
+        return _save_checkpoint(run, folder)
 
 
-def _save_checkpoint(run: Run) -> Path | None:
+def _save_checkpoint(run: Run, folder: Path | None = None) -> Path | None:
     args, state, acc = run.args, run.state, run.accelerator
     step = state.global_step
-    run_dir = run._get_output_dir(trial=None)  # HF's override point for where checkpoints go
+    run_dir = folder if folder is not None else run._get_output_dir(trial=None)  # HF's override point
     store = CheckpointStore(run_dir)
     name = f"{PREFIX_CHECKPOINT_DIR}-{step}"
-    if state.best_global_step == step:
+    if state.best_global_step == step and folder is None:
         state.best_model_checkpoint = str(Path(run_dir) / name)
     run.store_flos()  # as HF: the work so far is in the checkpoint's total_flos
     state.stateful_callbacks = run.callback_handler.export_states(run.control)
@@ -273,7 +277,7 @@ def _save_checkpoint(run: Run) -> Path | None:
             torch.save(run_rng(run, all_devices=True), store.temporary(step) / f"rng_state_{acc.process_index}.pth")
         acc.wait_for_everyone()
     if acc.is_main_process:
-        if args.save_async:
+        if args.save_async and folder is None:
             writer.submit(lambda: publish(tmp))
             path = store.root / name  # where it will be once published
         else:

@@ -368,6 +368,11 @@ class RemoteSession(ScheduleSteering):
     def discard(self) -> None:
         self._call("discard")
 
+    def save_variant(self, name: str, output_dir: str | None = None, reason: str | None = None) -> str:
+        return self._call("save_variant", _wait=600.0, name=name,
+                          **({"output_dir": str(output_dir)} if output_dir is not None else {}),
+                          **({"reason": reason} if reason is not None else {}))
+
     def propose(self, changes: Mapping[str, Any], reason: str | None = None, source: str | None = None) -> int:
         """Put a change on the run for anyone attached to accept or reject (see Session.propose);
         ``source``: who proposes (this client's name by default). Returns its id."""

@@ -40,6 +40,7 @@ COMMANDS = frozenset({
     "hello", "status", "snapshot", "events", "series", "arguments", "memory",
     "pause", "resume", "stop", "save", "evaluate", "validate", "set", "inspect", "sample",
     "checkpoints", "parse_overrides", "check_branch", "lr_plan", "fork", "fork_cost", "keep", "discard",
+    "save_variant",
     "propose", "proposals", "decide",
 })
 

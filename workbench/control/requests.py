@@ -167,6 +167,7 @@ SCHEMAS: dict[str, dict[str, tuple[Check, Any]]] = {
                   "max_memory": (_optional(_whole(0, 2**62)), None)},
     "keep": {"name": (_text, _REQUIRED), "reason": (_reason, None)},
     "discard": {},
+    "save_variant": {"name": (_text, _REQUIRED), "output_dir": (_optional(_text), None), "reason": (_reason, None)},
     # proposals (session/proposals.py): changes put on the run for anyone attached to decide
     "propose": {"changes": (_changes, _REQUIRED), "reason": (_reason, None), "source": (_optional(_source), None)},
     "proposals": {},

@@ -128,6 +128,7 @@ class ControlServer:
             "fork_cost": lambda a: session.fork_cost(a["variants"], a["steps"], max_memory=a["max_memory"]),
             "keep": lambda a: session.keep(a["name"], **self._reason(a)),
             "discard": lambda a: session.discard(),
+            "save_variant": lambda a: session.save_variant(a["name"], a["output_dir"], **self._reason(a)),
             "propose": self._propose, "decide": self._decide,
         }
 

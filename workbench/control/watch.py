@@ -79,6 +79,9 @@ class _Refusing:
     def discard(self) -> None:
         self._refuse("discard")
 
+    def save_variant(self, name: str, output_dir: str | None = None, reason: str | None = None) -> str:
+        return self._refuse("save_variant")
+
     def lr_plan(self, schedule: Mapping[str, Any] | str | None = None) -> tuple[tuple[int, float], ...]:
         if schedule is not None:
             return self._refuse("set")

@@ -48,8 +48,9 @@ __all__ = ["RankSync", "HEARTBEAT_S", "FORK_ACTIONS"]
 _REASONS = ("", "session", "remote", "notebook", "dashboard", "attach", "ctl", "guard", "resume_from", "branch", "ui",
             "SIGUSR1", "SIGINT", "SIGTERM")
 _STOP, _NOSAVE, _SAVE, _EVAL, _PAUSE, _EDITS, _ACTION, _EVERY = range(8)
-_ACTIONS = ("", "save", "evaluate", "fork", "keep", "discard")
-FORK_ACTIONS = ("fork", "keep", "discard")  # their order (variants, steps, the kept one) follows, broadcast
+_ACTIONS = ("", "save", "evaluate", "fork", "keep", "discard", "save_variant")
+# Their order (variants, steps, the kept or saved one) follows, broadcast.
+FORK_ACTIONS = ("fork", "keep", "discard", "save_variant")
 HEARTBEAT_S = 0.2
 EXCHANGE_S = 0.05  # aim: about 20 exchanges a second, however short the steps
 MAX_EVERY = 64

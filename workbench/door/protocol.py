@@ -155,6 +155,12 @@ class SessionLike(Protocol):
         """Continue from the pause point unchanged."""
         ...
 
+    def save_variant(self, name: str, output_dir: str | None = None, reason: str | None = None) -> str:
+        """Write variant ``name``'s end state as a checkpoint in ``output_dir`` (a new or empty
+        folder; by default ``OUTPUT_DIR-forkN-NAME``) that resumes as the kept variant would go on; the run stays at the pause and the
+        fork undecided. Returns the checkpoint's path."""
+        ...
+
     # -- looking inside (plain data only) ------------------------------------------------------
 
     def memory(self) -> MemoryUsage:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # for annotations only: the Trainer is a layer below, and hea
     from workbench.train.trainer import Trainer
 
 
-__all__ = ["check_branch", "check_resume_overrides", "branch_trainer"]
+__all__ = ["check_branch", "check_new_folder", "check_resume_overrides", "branch_trainer"]
 
 
 def check_branch(args: Any, step: int, output_dir: str | Path, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -31,27 +31,35 @@ def check_branch(args: Any, step: int, output_dir: str | Path, overrides: dict[s
     """
     from workbench.config.loader import check_training_overrides
 
-    if not str(output_dir).strip():
-        raise ValueError("branch: output_dir is empty; give the new run a folder of its own")
-    parent = Path(args.output_dir).resolve()
-    target = Path(output_dir).resolve()
-    suggestion = f"{parent}-branch-{step}"
-    if target == parent:
-        raise ValueError(f"branch: {output_dir} is this run's own output_dir; a branch needs a folder of its "
-                         f"own (e.g. {suggestion})")
-    if target.exists() and not target.is_dir():
-        raise ValueError(f"branch: {output_dir} is a file; a branch needs a new or empty folder (e.g. {suggestion})")
-    held = sorted(p.name for p in target.iterdir()) if target.is_dir() else []
-    if held:
-        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
-        raise ValueError(f"branch: {output_dir} is not empty (it holds {shown}); a branch needs a new or empty "
-                         f"folder (e.g. {suggestion})")
+    check_new_folder("branch", args.output_dir, output_dir, f"{Path(args.output_dir).resolve()}-branch-{step}")
     try:
         checked = check_training_overrides(overrides, args_cls=type(args))
         dataclasses.replace(args, output_dir=str(output_dir), **checked)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"branch: {exc}") from None
     return checked
+
+
+def check_new_folder(command: str, parent: str | Path, output_dir: str | Path, suggestion: str,
+                     what: str = "a branch") -> Path:
+    """``output_dir`` as a new or empty folder of its own for what ``command`` writes (a branch,
+    a saved fork variant: ``what``), resolved; a one-line ValueError naming ``suggestion``: an
+    empty name, the run's own output_dir (checkpoints, rotation and lock would mix), a file, a
+    folder holding anything (a resume there would pick the wrong run). Else the path, resolved."""
+    if not str(output_dir).strip():
+        raise ValueError(f"{command}: output_dir is empty; give it a folder of its own (e.g. {suggestion})")
+    target = Path(output_dir).resolve()
+    if target == Path(parent).resolve():
+        raise ValueError(f"{command}: {output_dir} is this run's own output_dir; {what} needs a folder of its "
+                         f"own (e.g. {suggestion})")
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"{command}: {output_dir} is a file; {what} needs a new or empty folder (e.g. {suggestion})")
+    held = sorted(p.name for p in target.iterdir()) if target.is_dir() else []
+    if held:
+        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise ValueError(f"{command}: {output_dir} is not empty (it holds {shown}); {what} needs a new or empty "
+                         f"folder (e.g. {suggestion})")
+    return target
 
 
 def check_resume_overrides(args: Any, overrides: dict[str, Any]) -> dict[str, Any]:

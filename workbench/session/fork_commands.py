@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from workbench.core.edits import check_reason, validate_edits
@@ -131,17 +132,8 @@ class ForkCommands:
         self._require_main("keep")
         reason = check_reason(reason)
         with self._lock:
-            report = getattr(self, "_fork_report", None)
-            ends = getattr(self, "_fork_ends", {})
-            if report is None or report["state"] != "done" or not ends:
-                raise RuntimeError("keep: no fork to keep a variant of (fork first, while paused)")
-            if name not in ends:
-                raise ValueError(f"keep: no variant {name!r}; the fork has {', '.join(ends)}")
-            if self._status != Status.PAUSED or self.trainer.loop is None:
-                raise RuntimeError(f"keep: the run is {self._status}; keep a variant while it is paused")
-            numbers = _numbers(report, name)
-            why = f"fork {report['id']}: kept {name} after {report['steps']} steps from step {report['step']}" + (
-                f" ({numbers})" if numbers else "") + (f"; {reason}" if reason else "")
+            report = self._held_variant("keep", name)
+            why = _why(report, name, "kept", reason)
             kept = {"step": report["variants"][name]["end_step"], "time": time.time(), "reason": why,
                     "fork": {"id": report["id"], "kept": name, "from_step": report["step"], "steps": report["steps"]}}
             order = {"name": name, "why": why, "kept": kept}
@@ -149,6 +141,20 @@ class ForkCommands:
                 return self._keep_now(order)
             future = self._queue_paused_action("keep", order)
         return future.result()
+
+    def _held_variant(self, command: str, name: str) -> dict[str, Any]:
+        """The fork's report, when variant ``name``'s end state is held and the run paused (the
+        lock held); else the one-line refusal."""
+        report = getattr(self, "_fork_report", None)
+        ends = getattr(self, "_fork_ends", {})
+        if report is None or report["state"] != "done" or not ends:
+            raise RuntimeError(f"{command}: no fork whose variants are held (fork first, while paused; "
+                               "keep and discard drop them)")
+        if name not in ends:
+            raise ValueError(f"{command}: no variant {name!r}; the fork has {', '.join(ends)}")
+        if self._status != Status.PAUSED or self.trainer.loop is None:
+            raise RuntimeError(f"{command}: the run is {self._status}; pause it first")
+        return report
 
     def _keep_now(self, order: dict[str, Any]) -> dict[str, Any]:
         from workbench.train.forking import keep_variant
@@ -165,6 +171,45 @@ class ForkCommands:
         self._fork_ends = {}
         self._publish()
         return dict(added[-1])
+
+    def save_variant(self, name: str, output_dir: str | Path | None = None, reason: str | None = None) -> str:
+        """Write variant ``name``'s end state as a checkpoint in ``output_dir`` (a new or empty
+        folder of its own; by default ``OUTPUT_DIR-forkN-NAME`` beside the run's) and return its
+        path; the run stays at the pause and the fork stays
+        undecided (keep or discard after, as before). The checkpoint is the one a run that had
+        kept the variant would write at its last step, so resuming it (``--resume PATH``,
+        ``train(resume_from_checkpoint=PATH)``, ``branch(PATH, ...)``) continues that variant
+        bitwise; its log history ends at the pause (train/fork_save.py)."""
+        from workbench.session.branching import check_new_folder
+        from workbench.train.fork_save import saved_record
+
+        self._require_main("save_variant")
+        reason = check_reason(reason)
+        with self._lock:
+            report = self._held_variant("save_variant", name)
+            beside = f"{Path(self.trainer.args.output_dir).resolve()}-fork{report['id']}-{name}"
+            folder = check_new_folder("save_variant", self.trainer.args.output_dir,
+                                      beside if output_dir is None else output_dir, beside, "a saved variant")
+            why = _why(report, name, "saved", reason)
+            order = {"name": name, "folder": str(folder), "why": why,
+                     "record": saved_record(report, name, folder, why)}
+            if self._sync is None:
+                return self._save_variant_now(order)
+            future = self._queue_paused_action("save_variant", order)
+        return future.result()
+
+    def _save_variant_now(self, order: dict[str, Any]) -> str:
+        from workbench.train.fork_save import save_variant
+
+        report, name = self._fork_report, order["name"]
+        path = save_variant(self.trainer, self._fork_ends[name], Path(order["folder"]), order["why"], order["record"])
+        report.setdefault("saved", {})[name] = str(path)
+        said = {"id": report["id"], "variant": name, "path": str(path)}
+        if self.trainer.is_world_process_zero():  # the run's own history says where its variant went
+            EventFile(self.trainer.args.output_dir).write("fork_saved", report["step"], **said)
+        self._emit("fork_saved", **said)
+        self._publish()
+        return str(path)
 
     def discard(self) -> None:
         """Drop the fork's variants: the run continues from the pause point unchanged (it was
@@ -192,11 +237,19 @@ class ForkCommands:
         report = getattr(self, "_fork_report", None)
         if report is None:
             return None
-        key = (report["id"], report["state"], len(report["variants"]))
+        key = (report["id"], report["state"], len(report["variants"]), len(report.get("saved", ())))
         cached = getattr(self, "_fork_plain", None)
         if cached is None or cached[0] != key:  # snapshots come ten times a second; forks change rarely
             cached = self._fork_plain = (key, _plain(report))
         return cached[1]
+
+
+def _why(report: dict[str, Any], name: str, done: str, reason: str | None) -> str:
+    """The reason a kept or saved variant's records carry: ``fork 1: kept b after 50 steps
+    from step 200 (eval_loss 0.53 vs a 0.61); REASON``."""
+    numbers = _numbers(report, name)
+    return (f"fork {report['id']}: {done} {name} after {report['steps']} steps from step {report['step']}"
+            + (f" ({numbers})" if numbers else "") + (f"; {reason}" if reason else ""))
 
 
 def _numbers(report: dict[str, Any], kept: str) -> str:
@@ -222,4 +275,5 @@ def _plain(report: dict[str, Any]) -> dict[str, Any]:
                        for n, v in report["variants"].items()}
     out["memory"] = dict(report["memory"])
     out["parent"] = {k: dict(v) for k, v in report["parent"].items()}
+    out["saved"] = dict(report.get("saved", {}))  # variant -> checkpoint path, of those saved on purpose
     return out

@@ -75,4 +75,5 @@ def _run(session: "Session", action: str, order: dict[str, Any] | None) -> Any:
         return session._save_now()
     if action == "evaluate":
         return session._evaluate_now()
-    return {"fork": session._fork_now, "keep": session._keep_now, "discard": session._discard_now}[action](order)
+    return {"fork": session._fork_now, "keep": session._keep_now, "discard": session._discard_now,
+            "save_variant": session._save_variant_now}[action](order)

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from workbench.core.run import Run
 
 __all__ = ["Boundary", "KeptStep", "fork_memory", "host_available", "train_variant", "quiet_evaluate",
-           "batch_digest", "fork_variants", "keep_variant", "log_kept_steps", "follow_fork"]
+           "batch_digest", "fork_variants", "keep_variant", "log_kept_steps", "count_kept_steps", "follow_fork"]
 
 
 @dataclass
@@ -414,22 +414,37 @@ def log_kept_steps(run: "Run", steps: list[KeptStep]) -> None:
     them. So the loss log has no gap and its records equal those of a run that had made the
     variant's change at the pause. Every rank runs it at the same point (keep is followed by
     every rank), so the logging points' collectives meet."""
+    loop = run.loop
+
+    def each(kept: KeptStep, logs: bool) -> None:
+        loop.losses.grad_norm, loop.losses.learning_rate = kept.grad_norm, kept.learning_rate
+        if logs:
+            loop.log_loss(loop.start_time, kept.learning_rate)
+
+    count_kept_steps(run, steps, loop.losses, loop._tokens, each)
+
+
+def count_kept_steps(run: "Run", steps: list[KeptStep], losses: Any, tokens: torch.Tensor,
+                     each: Any = None) -> None:
+    """Count a variant's steps as the loop counts its own: each micro-batch loss into
+    ``losses`` (a LossLog), the tokens into ``tokens`` (in place), the FLOP into
+    ``run.current_flos``; ``each(step, logs)`` after each step (``logs``: a logging point).
+    The run's step and epoch are as before afterwards."""
     from workbench.train.callbacks import logs_at_step
 
-    loop, state = run.loop, run.state
+    state = run.state
     end_step, end_epoch = state.global_step, state.epoch
     try:
         for kept in steps:
             state.global_step = kept.step - 1  # the window numbers each loss by the steps before it
             for loss in kept.losses:
-                loop.losses.add(loss)
+                losses.add(loss)
             state.global_step, state.epoch = kept.step, kept.epoch
             run.current_flos += kept.flos
             if kept.tokens is not None:
-                loop._tokens += kept.tokens
-            loop.losses.grad_norm, loop.losses.learning_rate = kept.grad_norm, kept.learning_rate
-            if logs_at_step(run.args, state, kept.step):
-                loop.log_loss(loop.start_time, kept.learning_rate)
+                tokens += kept.tokens
+            if each is not None:
+                each(kept, logs_at_step(run.args, state, kept.step))
     finally:
         state.global_step, state.epoch = end_step, end_epoch
 
@@ -446,5 +461,6 @@ def follow_fork(run: "Run", action: str, payload: dict[str, Any]) -> None:
         run.fork_ends = {}
     elif action == "discard":
         run.fork_ends = {}
+
     else:
         raise ValueError(f"fork: unknown action {action!r}")

@@ -17,6 +17,7 @@ Long windows (logging every few thousand steps, or never) are folded into ``S0``
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -85,6 +86,13 @@ class LossWindow:
     def __bool__(self) -> bool:
         return bool(self._losses)
 
+    def copy(self) -> "LossWindow":
+        """An independent window holding the same losses (the tensors are shared: never changed
+        in place)."""
+        other = copy.copy(self)
+        other._losses, other._steps = list(self._losses), list(self._steps)
+        return other
+
     def export(self) -> dict[str, Any]:
         """The window as plain numbers, for a checkpoint (a host sync: saves are sync points).
 
@@ -122,6 +130,19 @@ class LossLog:
         """One micro-batch's loss, remembered (not added: the window sums and filters it at
         the logging point)."""
         self.window.add(loss, self.run.state.global_step - self.last_logged)
+
+    def copy(self) -> "LossLog":
+        """An independent loss log in the same state (a fork's variant saved on purpose counts its
+        steps into a copy, leaving the run's own untouched)."""
+        other = copy.copy(self)
+        other.window = self.window.copy()
+        return other
+
+    def skip_log(self) -> None:
+        """A logging point whose record is not wanted (a saved variant's, train/fork_save.py):
+        the window starts anew as after a log."""
+        self.window.reset()
+        self.last_logged = self.run.state.global_step
 
     def restart_at(self, step: int) -> None:
         """A rollback undid steps: the unlogged losses are partly theirs; drop them and count

@@ -524,7 +524,13 @@ class Trainer(TrainerData, TrainerOptimizer, TrainerReports, TrainerLoss, Run):
         return save_checkpoint(self)
 
     def fork_between_steps(self, action: str, order: dict[str, Any]) -> None:
-        """Take part in rank 0's fork, keep or discard on this rank (train/forking.py)."""
+        """Take part in rank 0's fork, keep, discard (train/forking.py) or variant save
+        (train/fork_save.py) on this rank."""
+        if action == "save_variant":
+            from workbench.train.fork_save import save_variant
+
+            save_variant(self, self.fork_ends[order["name"]], Path(order["folder"]), order["why"], order["record"])
+            return
         from workbench.train.forking import follow_fork
 
         follow_fork(self, action, order)
