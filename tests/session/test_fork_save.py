@@ -7,6 +7,7 @@ never-forked run. Real runs and Sessions, attached over the control endpoint too
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from test_forks import COUNTED, PAUSE, STEPS, TOTAL, logged, output_files, run_to
@@ -15,7 +16,7 @@ from workbench import Guard, Session, attach
 from workbench.checkpoint.store import CheckpointStore
 from workbench.core.event_file import read_events
 
-from support import assert_same_weights, finish
+from support import assert_same_weights, finish, wait_until
 from support.sessions import make_trainer
 
 VARIANTS = {"a": {}, "b": {"learning_rate": 1e-3}}
@@ -132,3 +133,60 @@ def test_save_variant_over_attach(tmp_path, sessions):
         remote.close()
     session.stop(save=False)
     finish(session)
+
+
+def test_a_saved_lora_variant_is_an_adapter_checkpoint_that_resumes_as_kept(finetune_workspace, tmp_path, sessions):
+    """A LoRA run's variant is saved as HF's Trainer saves a PEFT model's checkpoint (the
+    adapter and its config, not the frozen base) and resumes to the kept variant's adapter."""
+    pytest.importorskip("peft")
+    import torch
+
+    from workbench import Trainer
+    from workbench.core.trainer_utils import unwrap_model
+    from workbench.data.collators import DataCollatorForLanguageModeling
+
+    from support.finetune import chat_lm_dataset, lora_model
+    from support.runs import make_args
+    from support.steering import PauseAt
+
+    data, tokenizer = chat_lm_dataset(finetune_workspace.model)
+
+    def paused(out, max_steps=12):
+        pause = PauseAt(4)
+        trainer = Trainer(model=lora_model(finetune_workspace.model, dropout=0.0),
+                          args=make_args(out, max_steps=max_steps, per_device_train_batch_size=4, learning_rate=1e-2,
+                                         seed=0, use_cpu=True, save_strategy="no"),
+                          train_dataset=data, data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
+                          callbacks=[pause])
+        session = pause.session = Session(trainer)
+        sessions.append(session.start())
+        wait_until(lambda: session.status == "paused", "the pause at step 4")
+        session.fork({"a": {}, "b": {"learning_rate": 3e-3}}, steps=3, evaluate=False)
+        return session
+
+    def adapter(session):
+        return {n: p.detach().clone() for n, p in unwrap_model(session.model).named_parameters() if p.requires_grad}
+
+    kept = paused(tmp_path / "kept")
+    kept.keep("b")
+    kept.resume()
+    assert finish(kept) == "finished"
+
+    session = paused(tmp_path / "fork")
+    path = Path(session.save_variant("b"))
+    assert path == (tmp_path / "fork").resolve().parent / "fork-fork1-b" / "checkpoint-7"
+    files = {p.name for p in path.iterdir()}
+    assert {"adapter_model.safetensors", "adapter_config.json", "optimizer.pt"} <= files
+    assert "model.safetensors" not in files  # the frozen base stays out, as in every LoRA checkpoint
+    session.discard()
+    session.stop(save=False)
+    finish(session)
+
+    resumed = Trainer(model=lora_model(finetune_workspace.model, dropout=0.0),
+                      args=make_args(path.parent, max_steps=12, per_device_train_batch_size=4, learning_rate=1e-2,
+                                     seed=0, use_cpu=True, save_strategy="no"),
+                      train_dataset=data, data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False))
+    resumed.train(resume_from_checkpoint=str(path))
+    ours, theirs = adapter(kept), {n: p.detach() for n, p in unwrap_model(resumed.model).named_parameters()
+                                   if p.requires_grad}
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[n], theirs[n]) for n in ours)
