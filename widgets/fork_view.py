@@ -127,8 +127,10 @@ def fork_cost_text(cost: dict[str, Any]) -> str:
     """What a fork would hold, from ``fork_cost`` before it starts: the total, the copies it
     is made of, and the limit it is checked against (the figure a refusal gives too)."""
     mib = 2**20
+    ranks = f", on each of {cost['ranks']} ranks of this machine" if cost.get("ranks", 1) > 1 else ""
     text = (f"{cost['bytes'] / mib:.1f} MiB of host memory for {cost['variants']} variants "
-            f"({cost['variants'] + 1} copies of weights and optimizer state, {cost['bytes_each'] / mib:.1f} MiB each)")
+            f"({cost['variants'] + 1} copies of weights and optimizer state, {cost['bytes_each'] / mib:.1f} MiB "
+            f"each{ranks})")
     if cost.get("limit") is not None:
         text += f"; the limit is {cost['limit'] / mib:.1f} MiB"
     return text

@@ -102,6 +102,8 @@ def test_two_ranks_fork_keep_a_variant_and_stay_replicas(tmp_path):
     try:
         remote = _paused_remote(tmp_path, run)
         paused_at = remote.snapshot().step
+        cost = remote.fork_cost({"a": {}, "b": {}}, 6)
+        assert cost["ranks"] == 2 and cost["bytes"] == 2 * 3 * cost["bytes_each"]  # both ranks' copies, one host
         report = remote.fork({"a": {}, "b": {"learning_rate": 0.05}}, steps=6)
         assert report["state"] == "done" and report["step"] == paused_at
         a, b = report["variants"]["a"], report["variants"]["b"]

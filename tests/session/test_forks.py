@@ -156,6 +156,18 @@ def test_a_fork_is_refused_in_one_line_when_it_cannot_run(tmp_path, sessions):
         session.fork({"a": {}}, steps=2)
 
 
+def test_a_forks_memory_counts_every_rank_on_this_machine(tmp_path, sessions, monkeypatch):
+    """Each process of a run forks with copies of its own, in the one host memory they share."""
+    session = run_to(tmp_path / "fork", sessions)
+    one = session.fork_cost(VARIANTS, 5)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # as accelerate launch sets it for 2 processes here
+    two = session.fork_cost(VARIANTS, 5)
+    assert (one["ranks"], two["ranks"]) == (1, 2) and two["bytes"] == 2 * one["bytes"] == 8 * one["bytes_each"]
+    with pytest.raises(RuntimeError, match=r"MiB each, on each of 2 ranks of this machine\); the limit is"):
+        session.fork(VARIANTS, steps=5, max_memory=one["bytes"])  # one rank's copies fit, two ranks' do not
+    assert session.snapshot().fork is None and session.snapshot().step == PAUSE
+
+
 def test_fork_and_keep_over_attach(tmp_path, sessions):
     session = run_to(tmp_path / "fork", sessions)
     remote = attach(tmp_path / "fork")

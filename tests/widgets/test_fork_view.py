@@ -43,3 +43,4 @@ def test_the_memory_figure_says_the_total_the_copies_and_the_limit():
     assert fork_cost_text(cost) == ("3.0 MiB of host memory for 2 variants (3 copies of weights and optimizer "
                                     "state, 1.0 MiB each); the limit is 8.0 MiB")
     assert "limit" not in fork_cost_text({**cost, "limit": None})
+    assert "1.0 MiB each, on each of 2 ranks of this machine); the limit" in fork_cost_text({**cost, "ranks": 2})

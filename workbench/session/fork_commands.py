@@ -62,19 +62,20 @@ class ForkCommands:
     def fork_cost(self, variants: Mapping[str, Mapping[str, Any]], steps: int,
                   max_memory: int | None = None) -> dict[str, Any]:
         """What a fork would hold in host memory, checked before it starts: ``bytes_each`` (one
-        copy of weights and optimizer state), ``bytes`` (k + 1 copies), ``limit`` (``max_memory``,
-        else half the host's available memory), ``fits``."""
-        from workbench.train.forking import fork_memory, host_available
+        copy of weights and optimizer state), ``ranks`` (this run's processes on this machine:
+        each holds its own copies), ``bytes`` (k + 1 copies on each of them), ``limit``
+        (``max_memory``, else half the host's available memory), ``fits``."""
+        from workbench.train.forking import fork_memory, host_available, ranks_on_this_host
 
         checked = self._check_variants(variants, steps)
         if self.trainer.optimizer is None:
             raise RuntimeError("fork: the run has no optimizer yet; start it and pause it first")
-        each = fork_memory(self.trainer)
+        each, ranks = fork_memory(self.trainer), ranks_on_this_host()
         available = host_available()
         limit = int(max_memory) if max_memory is not None else int(available * _HOST_SHARE) if available else None
-        total = each * (len(checked) + 1)
-        return {"variants": len(checked), "steps": steps, "bytes_each": each, "bytes": total, "available": available,
-                "limit": limit, "fits": limit is None or total <= limit}
+        total = each * (len(checked) + 1) * ranks
+        return {"variants": len(checked), "steps": steps, "bytes_each": each, "ranks": ranks, "bytes": total,
+                "available": available, "limit": limit, "fits": limit is None or total <= limit}
 
     def fork(self, variants: Mapping[str, Mapping[str, Any]], steps: int, evaluate: bool = True,
              max_memory: int | None = None) -> dict[str, Any]:
@@ -91,9 +92,10 @@ class ForkCommands:
                 raise RuntimeError(f"fork: pause the run first (it is {self._status})")
             cost = self.fork_cost(checked, steps, max_memory)
             if not cost["fits"]:
+                ranks = f", on each of {cost['ranks']} ranks of this machine" if cost["ranks"] > 1 else ""
                 raise RuntimeError(f"fork: {cost['variants']} variants need {_mib(cost['bytes'])} of host memory "
                                    f"({cost['variants'] + 1} copies of weights and optimizer state, "
-                                   f"{_mib(cost['bytes_each'])} each); the limit is {_mib(cost['limit'])}")
+                                   f"{_mib(cost['bytes_each'])} each{ranks}); the limit is {_mib(cost['limit'])}")
             self._fork_count = ident = getattr(self, "_fork_count", 0) + 1
             order = {"id": ident, "variants": checked, "steps": steps, "evaluate": evaluate, "cost": cost}
             if self._sync is None:

@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import hashlib
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -46,7 +47,7 @@ from workbench.train.loop import batch_size, next_micro_batches
 if TYPE_CHECKING:
     from workbench.core.run import Run
 
-__all__ = ["Boundary", "KeptStep", "fork_memory", "host_available", "train_variant", "quiet_evaluate",
+__all__ = ["Boundary", "KeptStep", "fork_memory", "ranks_on_this_host", "host_available", "train_variant", "quiet_evaluate",
            "batch_digest", "fork_variants", "keep_variant", "log_kept_steps", "count_kept_steps", "follow_fork"]
 
 
@@ -127,6 +128,16 @@ def fork_memory(run: "Run") -> int:
     weights = sum(t.numel() * t.element_size() for t in rollback_weights(model).values())
     state = _nbytes(optimizer.state_dict()["state"]) if optimizer is not None else 0
     return weights + state
+
+
+def ranks_on_this_host() -> int:
+    """The processes of this run on this machine (torchrun's LOCAL_WORLD_SIZE, which
+    ``accelerate launch`` sets; 1 alone): each forks with its own copies in the same host
+    memory, so a fork's figure is theirs together."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
 
 
 def host_available() -> int:
