@@ -10,6 +10,7 @@ either format, so checkpoints move between 1 process, DDP and FSDP runs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -19,7 +20,7 @@ from workbench.core.trainer_utils import unwrap_model
 from workbench.models.adapters import adapter_state, is_peft_model
 
 
-__all__ = ["host_copy", "unique_state", "capture_model_state", "capture_optimizer_state",
+__all__ = ["host_copy", "nested_nbytes", "unique_state", "capture_model_state", "capture_optimizer_state",
            "load_model_state", "load_optimizer_state", "is_fsdp"]
 
 
@@ -42,6 +43,18 @@ def host_copy(obj: Any) -> Any:
     if isinstance(obj, tuple):
         return tuple(host_copy(v) for v in obj)
     return obj
+
+
+def nested_nbytes(obj: Any) -> int:
+    """Bytes of the tensors in ``obj`` (dicts, lists and tuples of them, as state dicts and
+    gathered outputs nest them; each tensor's own elements, other values count nothing)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, Mapping):
+        return sum(nested_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(nested_nbytes(v) for v in obj)
+    return 0
 
 
 def unique_state(model: torch.nn.Module, copy: bool = False) -> dict[str, torch.Tensor]:

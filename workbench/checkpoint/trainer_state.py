@@ -24,6 +24,7 @@ from workbench.checkpoint.state_dicts import (
     host_copy,
     load_model_state,
     load_optimizer_state,
+    nested_nbytes,
     unique_state,
 )
 from workbench.checkpoint.store import WEIGHTS, WEIGHTS_INDEX, CheckpointStore
@@ -145,16 +146,7 @@ class CheckpointContents:
 
     def nbytes(self) -> int:
         """About how many bytes :meth:`write` puts on disk (the tensors; the rest is small)."""
-        def size(value: Any) -> int:
-            if isinstance(value, torch.Tensor):
-                return value.numel() * value.element_size()
-            if isinstance(value, dict):
-                return sum(size(v) for v in value.values())
-            if isinstance(value, (list, tuple)):
-                return sum(size(v) for v in value)
-            return 0
-
-        return sum(size(part) for part in (self.weights, self.optimizer, self.scheduler, self.scaler, self.rng)) \
+        return sum(nested_nbytes(part) for part in (self.weights, self.optimizer, self.scheduler, self.scaler, self.rng)) \
             + len(self.trainer_state) + len(self.workbench_state) + len(self.training_args)
 
     def write(self, directory: Path) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench.checkpoint.state_dicts import nested_nbytes
 from workbench.core.trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, has_length, speed_metrics, unwrap_model
 from workbench.core.run import Run
 from workbench.train.eval_oom import EvalCuts
@@ -83,16 +84,6 @@ def _to_numpy(value: Any) -> Any:
     return _apply(lambda t: t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy(), nested_to_cpu(value))
 
 
-def _nbytes(value: Any) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, (list, tuple)):
-        return sum(_nbytes(v) for v in value)
-    if isinstance(value, Mapping):
-        return sum(_nbytes(v) for v in value.values())
-    return 0
-
-
 class _Accumulator:
     """Batches of one output kind (logits, labels, ...): held on the device until
     ``offload()`` moves them to the host. Concatenation happens once, at the end, so
@@ -108,7 +99,7 @@ class _Accumulator:
         if value is None:
             return
         self.on_device.append(value)
-        self.device_bytes += _nbytes(value)
+        self.device_bytes += nested_nbytes(value)
         self.peak_device_bytes = max(self.peak_device_bytes, self.device_bytes)
 
     def offload(self) -> None:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from workbench.checkpoint.state_dicts import nested_nbytes
 from workbench.core.rng import rng_preserved
 from workbench.core.trainer_utils import unwrap_model
 from workbench.guard.ring import RollbackPoint, rollback_weights
@@ -106,17 +107,7 @@ class Boundary:
     @property
     def nbytes(self) -> int:
         """Host bytes of the copied tensors."""
-        return _nbytes(self.point.model) + _nbytes(self.point.optimizer)
-
-
-def _nbytes(obj: Any) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(_nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_nbytes(v) for v in obj)
-    return 0
+        return nested_nbytes(self.point.model) + nested_nbytes(self.point.optimizer)
 
 
 def fork_memory(run: "Run") -> int:
@@ -126,7 +117,7 @@ def fork_memory(run: "Run") -> int:
     model = unwrap_model(run.model)
     optimizer = getattr(run.optimizer, "optimizer", run.optimizer)
     weights = sum(t.numel() * t.element_size() for t in rollback_weights(model).values())
-    state = _nbytes(optimizer.state_dict()["state"]) if optimizer is not None else 0
+    state = nested_nbytes(optimizer.state_dict()["state"]) if optimizer is not None else 0
     return weights + state
 
 
