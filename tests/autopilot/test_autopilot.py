@@ -143,6 +143,33 @@ def test_dry_run_changes_nothing_until_accepted(tmp_path, sessions):
     assert len(edits(session)) == 1
 
 
+def test_a_proposal_replaced_while_its_rejection_reaches_the_run_is_not_an_error(tmp_path, sessions):
+    """A newer proposal can land while a person's no is on its way to the run (the autopilot
+    polls in its own thread): the rejection returns the replaced decision, nothing is applied,
+    and the newer proposal waits."""
+    session = scripted_run(tmp_path / "run", sessions, [1.0])
+    policy = Asks(Action({"lr_scale": 0.5}, "slower"))
+    pilot = Autopilot(session, policy, Limits({"lr_scale": (0.25, 1.0)}), dry_run=True)
+    session.start()
+    session.pause(wait=True, timeout=DEADLINE)
+    pilot.step()
+    (first,) = pilot.proposals()
+    on_run = pilot._decide_on_run
+
+    def newer_meanwhile(*args, **kwargs):
+        # The poll thread's policy proposing again just before the no reaches the run: the run's
+        # copy of the first is withdrawn, so the run answers that it was decided already.
+        pilot._decide(policy, Action({"lr_scale": 0.5}, "slower still"), session.snapshot().step)
+        return on_run(*args, **kwargs)
+
+    pilot._decide_on_run = newer_meanwhile
+    decision = pilot.reject(first.id, "no")
+    assert decision.state == "superseded" and [p.reason for p in pilot.proposals()] == ["slower still"]
+    assert edits(session) == [] and session.trainer.lr_scheduler.base_lrs == [1e-2]
+    session.stop(save=False)
+    finish(session)
+
+
 def test_the_spike_policy_cools_down_after_guard_interventions(tmp_path, sessions):
     from workbench import Guard, Session, Trainer
 

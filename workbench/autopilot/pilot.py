@@ -259,13 +259,17 @@ class Autopilot(RunProposals):
         return self._get(decision.id)
 
     def reject(self, decision_id: int, why: str | None = None) -> Decision:
-        """Drop a proposal (nothing is sent); the run's copy is rejected too."""
+        """Drop a proposal (nothing is sent); the run's copy is rejected too. One replaced by a
+        newer proposal before the call is refused (its line names the newer one); one replaced
+        while the run heard the rejection is returned as replaced: nothing of it is applied."""
         with self._lock:
             decision = self._proposal(decision_id)
         if decision.published is not None:
             self._decide_on_run(decision.id, decision.published, False, why)
         with self._lock:
             decision = self._get(decision_id)
+            if decision.state == "superseded":  # replaced while the run heard the no: applied neither way
+                return decision
             if decision.state not in ("proposed", "rejected"):  # decided otherwise on the run meanwhile
                 raise ValueError(_not_a_proposal(decision))
             note = why or "rejected"
