@@ -401,6 +401,8 @@ def describe_event(kind: str, step: int, data: dict[str, Any]) -> tuple[str, str
     if kind == "straggler":
         return "warn", (f"step {step}: straggler: rank {data.get('rank')} takes {data.get('factor')}x the other "
                         "ranks' time for its own work")
+    if kind == "fork_saved":  # a fork's variant written to a folder of its own (the run stays at its pause)
+        return "good", f"step {step}: fork {data.get('id')}: variant {data.get('variant')} saved to {data.get('path')}"
     if kind == "eval_oom":  # evaluation batches cut: the training batch is untouched
         return "warn", f"step {step}: {data.get('reason') or 'out of memory in evaluation'}"
     return "info", f"step {step}: {kind}"

@@ -14,7 +14,9 @@ from test_forks import COUNTED, PAUSE, STEPS, TOTAL, logged, output_files, run_t
 
 from workbench import Guard, Session, attach
 from workbench.checkpoint.store import CheckpointStore
+from workbench.control.watch import RecordedRun
 from workbench.core.event_file import read_events
+from workbench.widgets.view import describe_event
 
 from support import assert_same_weights, finish, wait_until
 from support.sessions import make_trainer
@@ -50,6 +52,12 @@ def test_a_saved_variant_resumes_as_the_kept_variant_goes_on(tmp_path, sessions)
                                                                        if k != "events.jsonl"}
     saved = [e for e in read_events(out) if e["event"] == "fork_saved"]
     assert [(e["variant"], e["path"]) for e in saved] == [("b", path)]
+    # Said in the event log of every front-end: live, and by watch from events.jsonl.
+    (live,) = [e for e in session.events_since(0)[0] if e.kind == "fork_saved"]
+    line = ("good", f"step {PAUSE}: fork 1: variant b saved to {path}")
+    assert describe_event(live.kind, live.step, live.data) == line
+    (recorded,) = [e for e in RecordedRun(out).events_since(0)[0] if e.kind == "fork_saved"]
+    assert describe_event(recorded.kind, recorded.step, recorded.data) == line
     assert session.snapshot().fork["saved"] == {"b": path} and session.snapshot().fork["state"] == "done"
     # The checkpoint names the fork in its edits: b's change, then the record of the save.
     state = json.loads((folder / f"checkpoint-{PAUSE + STEPS}" / "workbench_state.json").read_text())
