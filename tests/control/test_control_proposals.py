@@ -110,7 +110,7 @@ def test_ctl_lists_accepts_and_rejects_proposals(tmp_path, sessions, capsys):
         err = capsys.readouterr().err.strip()
         assert said in err and "\n" not in err, err
     assert run_ctl(str(out), "proposals", [], reason="why") == 2
-    assert "--reason goes with set, accept and reject only" in capsys.readouterr().err
+    assert "--reason goes with set, accept, reject, keep and save_variant only" in capsys.readouterr().err
     session.stop(save=False)
     finish(session)
     decided = [(r["id"], r["state"], r["by"]) for r in read_events(out) if r["event"] == "proposal_decided"]

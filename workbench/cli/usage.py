@@ -42,21 +42,24 @@ def make_parser() -> argparse.ArgumentParser:
     from workbench.control.ctl_commands import ctl_epilog
 
     ctl = sub.add_parser("ctl", help="steer a live run: status, pause, resume, save, eval, stop, set, checkpoints, "
-                                         "proposals, accept, reject",
+                                         "proposals, accept, reject, fork, keep, save_variant, discard",
                          description="Send one command to a live run (workbench ctl OUTDIR COMMAND [ARGS]).",
                          epilog=ctl_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     ctl.add_argument("target", metavar="OUTDIR|HOST:PORT")
     ctl.add_argument("action", metavar="COMMAND", help="one of the commands below")
     ctl.add_argument("values", nargs="*", metavar="ARGS",
                      help="set: KEY=VALUE ...; checkpoints: list, delete NAME, resume_from NAME [KEY=VALUE ...], "
-                          "branch NAME NEWDIR [KEY=VALUE ...]; accept, reject: a proposal's number")
+                          "branch NAME NEWDIR [KEY=VALUE ...]; accept, reject: a proposal's number; fork: STEPS "
+                          "then one variant an argument (a: 'b: learning_rate=1e-3'); keep NAME; "
+                          "save_variant NAME [FOLDER]")
     ctl.add_argument("--json", action="store_true", help="print the reply as JSON (for scripts and tools)")
     ctl.add_argument("--wait", action="store_true", help="pause: return once the run is paused")
     ctl.add_argument("--no-save", action="store_true",
                      help="stop, checkpoints branch: stop the run without its final checkpoint")
     ctl.add_argument("--token", default=None, help="the TCP endpoint's token (read from control.json for an OUTDIR)")
     ctl.add_argument("--reason", default=None, metavar="TEXT",
-                     help="set, accept, reject: why (kept with the edit or decision in events.jsonl)")
+                     help="set, accept, reject, keep, save_variant: why (kept with the edit or decision in "
+                          "events.jsonl)")
 
     attach = sub.add_parser("attach", help="open the dashboard on a live run elsewhere (q detaches)")
     attach.add_argument("target", metavar="OUTDIR|HOST:PORT")

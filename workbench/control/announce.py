@@ -67,6 +67,15 @@ def announcement(cmd: str, args: Mapping[str, Any], result: Any, who: str | None
     if cmd == "decide" and "state" in done:
         verb = "rejected" if done["state"] == "rejected" else "accepted"
         return f"{verb} proposal {done.get('id')} ({describe_changes(done.get('changes') or {})}) {by} at step {step}"
+    if cmd == "fork" and isinstance(done.get("variants"), Mapping):  # variants trained; the run is back at its pause
+        return (f"forked {by} at step {done.get('step')}: {', '.join(done['variants'])} trained "
+                f"{done.get('steps')} steps each; keep one, save one or discard")
+    if cmd == "keep" and done.get("reason"):
+        return f"{done['reason']} {by}; paused at step {step}"
+    if cmd == "save_variant" and isinstance(result, str):
+        return f"fork variant {args.get('name')} saved to {result} {by}"
+    if cmd == "discard":
+        return f"fork discarded {by}: the run goes on from step {step} unchanged"
     if cmd == "checkpoints":
         action, name = args.get("action"), args.get("name") or args.get("checkpoint")
         if action == "delete":

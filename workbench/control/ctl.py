@@ -16,12 +16,14 @@ from typing import Any
 
 from workbench.control.client import RemoteError, RemoteSession, attach
 from workbench.control.ctl_commands import CTL_COMMANDS, resolve_command
+from workbench.control.ctl_fork import fork_text, run_fork_command
 from workbench.control.discovery import NoLiveRun
 from workbench.core.exit_codes import EXIT_NO_RUN, EXIT_OK, EXIT_USAGE
 
 __all__ = ["run_ctl", "CTL_COMMANDS"]
 
 
+FORK_COMMANDS = ("fork", "keep", "save_variant", "discard")
 CHECKPOINT_USAGE = ("checkpoints [list | delete NAME | resume_from NAME [KEY=VALUE ...] | "
                     "branch NAME NEWDIR [KEY=VALUE ...] [--no-save]]")
 
@@ -97,10 +99,12 @@ def _execute(session: RemoteSession, action: str, values: list[str], wait: bool,
     if action in ("accept", "reject"):
         number = _proposal_number(action, values)
         return session.decide(number, action == "accept", reason=reason).to_dict()
+    if action in FORK_COMMANDS:
+        return run_fork_command(session, action, values, reason, target)
     raise ValueError(f"unknown command {action!r}; use one of: {', '.join(CTL_COMMANDS)}")
 
 
-def _print(action: str, result: Any) -> None:
+def _print(action: str, result: Any, target: str = "OUTDIR") -> None:
     if action == "status":
         loss = result.get("loss")
         parts = [f"{result['status']}", f"step {result['step']}/{result['max_steps']}"]
@@ -156,6 +160,8 @@ def _print(action: str, result: Any) -> None:
 
         shown = {k: v for k, v in result["metrics"].items() if not is_timing_metric(k) and k != "epoch"}
         print(f"metrics: {fmt_plain(shown)}")
+    elif action in FORK_COMMANDS and isinstance(result, dict):
+        print(fork_text(action, result, target))
     elif action == "save" and isinstance(result, dict) and "checkpoint" in result:
         print(f"saved: {Path(str(result['checkpoint'])).name} ({result['checkpoint']})")
     elif isinstance(result, dict):
@@ -193,10 +199,11 @@ def run_ctl(target: str, action: str, values: list[str], as_json: bool = False, 
     except ValueError as exc:
         print(f"workbench: ctl: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if reason is not None and action not in ("set", "accept", "reject"):
-        print(f"workbench: ctl {action}: --reason goes with set, accept and reject only", file=sys.stderr)
+    if reason is not None and action not in ("set", "accept", "reject", "keep", "save_variant"):
+        print(f"workbench: ctl {action}: --reason goes with set, accept, reject, keep and save_variant only",
+              file=sys.stderr)
         return EXIT_USAGE
-    if values and action not in ("set", "checkpoints", "accept", "reject"):
+    if values and action not in ("set", "checkpoints", "accept", "reject", "fork", "keep", "save_variant"):
         print(f"workbench: ctl {action}: takes no arguments (got {' '.join(values)})", file=sys.stderr)
         return EXIT_USAGE
     try:
@@ -223,5 +230,5 @@ def run_ctl(target: str, action: str, values: list[str], as_json: bool = False, 
     if as_json:
         print(json.dumps(result, indent=2 if isinstance(result, list) else None, default=str))
     else:
-        _print(action, result)
+        _print(action, result, target)
     return EXIT_OK

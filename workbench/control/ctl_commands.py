@@ -20,9 +20,13 @@ CTL_COMMANDS = {
     "proposals": "the changes proposed to the run (by an autopilot in dry-run mode, ...): pending and decided",
     "accept": "accept proposal N: the run applies it as a live edit naming the proposal (--reason)",
     "reject": "reject proposal N: nothing changes (--reason says why)",
+    "fork": "from the paused run: STEPS NAME: [KEY=VALUE, ...] ... (each variant one argument); their numbers",
+    "keep": "continue the run from fork variant NAME (--reason)",
+    "save_variant": "save fork variant NAME as a checkpoint of its own: NAME [FOLDER] (also: save-variant)",
+    "discard": "drop the fork's variants: the run goes on from the pause unchanged",
 }
 # Other names a command answers to (the Session's method is evaluate(); the dashboard's key says eval).
-CTL_ALIASES = {"evaluate": "eval"}
+CTL_ALIASES = {"evaluate": "eval", "save-variant": "save_variant"}
 
 
 def ctl_epilog() -> str:

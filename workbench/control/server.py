@@ -51,7 +51,8 @@ __all__ = ["ControlServer", "MAX_CLIENTS", "SEND_TIMEOUT"]
 log = logging.getLogger("workbench")
 
 # steering commands
-_TOLD = frozenset({"pause", "resume", "stop", "save", "evaluate", "set", "checkpoints", "propose", "decide"})
+_TOLD = frozenset({"pause", "resume", "stop", "save", "evaluate", "set", "checkpoints", "propose", "decide",
+                   "fork", "keep", "save_variant", "discard"})
 POLL_S = 0.1  # how often subscribed connections look for new events when the Session has no doorbell
 _ANSWERED = (ValueError, RuntimeError, TypeError, KeyError, TimeoutError, OSError)  # the Session's refusals
 
