@@ -177,11 +177,11 @@ class ForkCommands:
     def save_variant(self, name: str, output_dir: str | Path | None = None, reason: str | None = None) -> str:
         """Write variant ``name``'s end state as a checkpoint in ``output_dir`` (a new or empty
         folder of its own; by default ``OUTPUT_DIR-forkN-NAME`` beside the run's) and return its
-        path; the run stays at the pause and the fork stays
-        undecided (keep or discard after, as before). The checkpoint is the one a run that had
-        kept the variant would write at its last step, so resuming it (``--resume PATH``,
-        ``train(resume_from_checkpoint=PATH)``, ``branch(PATH, ...)``) continues that variant
-        bitwise; its log history ends at the pause (train/fork_save.py)."""
+        path; the run stays at the pause and the fork undecided (keep or discard after, as
+        before). The checkpoint is the one a run that had kept the variant would write at its
+        last step, so resuming it (``--resume PATH``, ``train(resume_from_checkpoint=PATH)``,
+        ``branch(PATH, ...)``) continues that variant bitwise; its log history ends at the pause
+        (train/fork_save.py)."""
         from workbench.session.branching import check_new_folder
         from workbench.train.fork_save import saved_record
 
