@@ -48,6 +48,7 @@ def test_notebook_runs_top_to_bottom(name, tmp_path, capsys):
     elif name == "05-steer-and-fork":
         assert "the autopilot proposes lr_scale=0.5" in text and "the cooldown would end at step" in text
         assert "kept " in text and "finished at step 400" in text
+        assert "-fork1-" in text and "saved " in text  # the other variant, as a checkpoint of its own
         assert widgets, "the panel must be displayed as a widget"
     # the repository's copy is untouched (outputs stay out of version control)
     stored = json.loads((REPO / "sample_notebooks" / f"{name}.ipynb").read_text())
