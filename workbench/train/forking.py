@@ -34,6 +34,7 @@ import hashlib
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,8 +49,9 @@ from workbench.train.loop import batch_size, next_micro_batches
 if TYPE_CHECKING:
     from workbench.core.run import Run
 
-__all__ = ["Boundary", "KeptStep", "fork_memory", "ranks_on_this_host", "host_available", "train_variant", "quiet_evaluate",
-           "batch_digest", "fork_variants", "keep_variant", "log_kept_steps", "count_kept_steps", "follow_fork"]
+__all__ = ["Boundary", "KeptStep", "fork_memory", "ranks_on_this_host", "host_available", "train_variant",
+           "quiet_evaluate", "batch_digest", "fork_variants", "keep_variant", "log_kept_steps", "count_kept_steps",
+           "follow_fork"]
 
 
 @dataclass
@@ -427,7 +429,7 @@ def log_kept_steps(run: "Run", steps: list[KeptStep]) -> None:
 
 
 def count_kept_steps(run: "Run", steps: list[KeptStep], losses: Any, tokens: torch.Tensor,
-                     each: Any = None) -> None:
+                     each: Callable[[KeptStep, bool], None] | None = None) -> None:
     """Count a variant's steps as the loop counts its own: each micro-batch loss into
     ``losses`` (a LossLog), the tokens into ``tokens`` (in place), the FLOP into
     ``run.current_flos``; ``each(step, logs)`` after each step (``logs``: a logging point).
