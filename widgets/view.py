@@ -369,6 +369,8 @@ def describe_event(kind: str, step: int, data: dict[str, Any]) -> tuple[str, str
         return "info", f"step {step}: resumed"
     if kind == "edited":
         changes = " ".join(f"{k}={edit_text(k, v)}" for k, v in edit_changes(data).items())
+        if not changes:  # a record that changes nothing itself: a kept fork variant's, say
+            return "info", f"step {step}: {data.get('reason') or 'edited'}"
         why = f" ({data['reason']})" if data.get("reason") else ""  # an agent's decision says why
         return "info", f"step {step}: set {changes}{why}"
     if kind in ("proposal", "proposal_decided"):  # a change proposed to the run, and what became of it

@@ -109,13 +109,13 @@ def test_the_fork_tab_forks_draws_the_variants_and_keeps_one(paneled):
     tab.save_button.click()
     saved_c = output_dir.parent / "variant-c" / f"checkpoint-{step + 6}"
     assert f"variant c saved to {saved_c}" in panel.notice.value and (saved_c / "trainer_state.json").is_file()
-    tab.keep_select.value, tab.save_folder.value = "a", ""
+    tab.keep_select.value, tab.save_folder.value = "b", ""
     tab.save_button.click()
-    assert f"saved to {output_dir.resolve()}-fork1-a/checkpoint-{step + 6}" in panel.notice.value
+    assert f"saved to {output_dir.resolve()}-fork1-b/checkpoint-{step + 6}" in panel.notice.value
     panel.refresh()
-    assert "c saved to" in tab.table.value and "a saved to" in tab.table.value
+    assert "c saved to" in tab.table.value and "b saved to" in tab.table.value
     assert session.snapshot().step == step and list(tab.keep_select.options) == ["a", "b", "c"]
-    tab.keep_select.value = "b"
+    assert tab.keep_select.value == "b"  # the report changed under it; Keep now keeps the one just saved
     tab.keep_button.click()
     assert "kept b" in panel.notice.value
     assert session.snapshot().step == step + 6

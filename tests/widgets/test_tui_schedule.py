@@ -93,24 +93,27 @@ def test_the_fork_screen_forks_from_the_pause_draws_the_variants_and_keeps_one(t
         assert logged and chart.plotted["eval parent"] == [*logged, (step, report["parent"]["eval"]["eval_loss"])]
         assert chart.plotted["eval b"] == [(step + 4, report["variants"]["b"]["eval"]["eval_loss"])]
         assert session.snapshot().step == step  # back at the pause
-        # s saves the selected variant to a folder of its own; the fork stays open.
-        table.move_cursor(row=1)
-        table.focus()
-        await press(pilot, "s")
-        saved = tmp_path / "run-fork1-a" / f"checkpoint-{step + 4}"
-        await wait_for(pilot, lambda: (session.snapshot().fork or {}).get("saved") == {"a": str(saved)}, "a saved")
-        await wait_for(pilot, lambda: any(f"variant a saved to {saved}" in str(n.message) for n in app._notifications),
-                       "the saved path said")
-        await wait_for(pilot, lambda: f"a saved to {saved}" in str(screen.query_one("#fork-head").render()),
-                       "the summary naming the saved variant")
-        assert (saved / "model.safetensors").is_file() and session.snapshot().step == step
-        assert session.snapshot().fork["state"] == "done"
+        # s saves the selected variant to a folder of its own; the fork stays open, and the
+        # selection stays on it while the report changes, so k then keeps that same variant.
         table.move_cursor(row=2)
         table.focus()
+        await press(pilot, "s")
+        saved = tmp_path / "run-fork1-b" / f"checkpoint-{step + 4}"
+        await wait_for(pilot, lambda: (session.snapshot().fork or {}).get("saved") == {"b": str(saved)}, "b saved")
+        await wait_for(pilot, lambda: any(f"variant b saved to {saved}" in str(n.message) for n in app._notifications),
+                       "the saved path said")
+        await wait_for(pilot, lambda: f"b saved to {saved}" in str(screen.query_one("#fork-head").render()),
+                       "the summary naming the saved variant")
+        assert (saved / "model.safetensors").is_file() and session.snapshot().step == step
+        assert session.snapshot().fork["state"] == "done" and table.cursor_row == 2
         await press(pilot, "k")
         await wait_for(pilot, lambda: (session.snapshot().fork or {}).get("state") == "kept", "keep b")
         await wait_for(pilot, lambda: screen.report.get("kept") == "b", "the kept mark")
         assert session.snapshot().step == step + 4
         assert "fork 1: kept b" in session.snapshot().edits[-1]["reason"]
+        # The event log says it in words (the fork's own record is no "set fork={...}").
+        await wait_for(pilot, lambda: f"step {step + 4}: fork 1: kept b after 4 steps" in log_text(app),
+                       "the kept line in the event log")
+        assert "set fork=" not in log_text(app) and f"fork 1: variant b saved to {saved}" in log_text(app)
 
     drive(session, scenario, size=(120, 40))

@@ -175,6 +175,10 @@ class ForkScreen(Screen):
         self.report = report
         self.query_one("#fork-head", Static).update(fork_summary(report))
         table = self.query_one(DataTable)
+        row = table.cursor_row
+        # The variant selected stays selected when the report changes under it (a save): k after
+        # s must keep the variant just saved, not the first one.
+        selected = self.names[row - 1] if row is not None and 1 <= row <= len(self.names) else None
         table.clear(columns=True)
         for column in ("variant", "changes", "train loss", *fork_metrics(report), "same batches"):
             table.add_column(column, key=column)
@@ -184,7 +188,7 @@ class ForkScreen(Screen):
             name = Text(row["name"] + (" ★" if row["kept"] else ""), style="italic" if row["parent"] else "bold")
             table.add_row(name, row["changes"], row["loss"], *row["metrics"], row["same"])
         if len(rows) > 1:
-            table.move_cursor(row=1)
+            table.move_cursor(row=1 + self.names.index(selected) if selected in self.names else 1)
         if report.get("state") == "done":
             table.focus()  # k and d act on the table's selection
         series = self.app.session.snapshot().series

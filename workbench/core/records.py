@@ -22,12 +22,13 @@ def is_timing_metric(name: str) -> bool:
 
 # The bookkeeping fields of a live-edit record; every other key is an edited value. "memory":
 # the device's figures an out-of-memory recovery's edit carries (train/oom.py), what made it,
-# not something changed.
-RECORD_FIELDS = ("step", "time", "reason", "memory")
+# not something changed; "fork": the fork a kept or saved variant came from (its change is a
+# record of its own).
+RECORD_FIELDS = ("step", "time", "reason", "memory", "fork")
 
 
 def edit_changes(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The edits of a live-edit record, without its step, time, reason and memory figures."""
+    """The edits of a live-edit record, without its step, time, reason, memory figures and fork."""
     return {k: v for k, v in record.items() if k not in RECORD_FIELDS}
 
 
